@@ -1,0 +1,240 @@
+"""
+Reads the RESULT lines that train_gpt.py leaves in a run's logs and compares the ZeRO stages:
+one table and a verdict on the benchmark's three criteria.
+
+    python report.py results/<timestamp>      # exit 0 on PASS, 1 on FAIL, 3 when not observable
+
+Needs only the standard library, so it runs anywhere the logs are.
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+# At stage 3 each rank's model states may exceed the ideal 1/G of stage 0's by this much
+# (persistent parameters, padding of the shards).
+MEMORY_SLACK = 1.25
+# Both stages start from the same weights and data, so their first losses differ only by rounding.
+FIRST_LOSS_RTOL = 0.01
+
+
+def gib(nbytes):
+    return nbytes / 2**30
+
+
+def pct(x):
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def signed_pct(x):
+    return f"{100 * x:+.1f}%"
+
+
+def read_results(log):
+    """The RESULT records of one log, one per rank that reported, by rank."""
+    # the launcher may put a host name before the line
+    records = [json.loads(line.partition("RESULT ")[2]) for line in Path(log).read_text(errors="replace").splitlines()
+               if "RESULT {" in line]
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def load_runs(folder):
+    """{log name: records} for every log in a results folder, in the order the runs were made."""
+    logs = sorted(Path(folder).glob("*.log"), key=lambda p: p.stat().st_mtime)
+    return {log.stem: read_results(log) for log in logs}
+
+
+# -----------------------------------------------------------------------------
+# what each run says
+
+
+def failed(records):
+    return not records or any(r["oom"] or r["error"] for r in records)
+
+
+def oom(records):
+    return any(r["oom"] for r in records)
+
+
+def worst(records, key):
+    values = [r[key] for r in records if r.get(key) is not None]
+    return max(values) if values else None
+
+
+def status(records):
+    if not records:
+        return "no result"
+    if oom(records):
+        return "OOM"
+    if failed(records):
+        return "error"
+    missing = records[0]["world_size"] - len(records)
+    return f"ok, {missing} rank(s) missing" if missing else "ok"
+
+
+# -----------------------------------------------------------------------------
+# tables
+
+
+def format_table(rows):
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def fmt(value, spec):
+    return "-" if value is None else format(value, spec)
+
+
+def rank_table(records):
+    """One row per rank of one run: what it partitioned and what it holds."""
+    rows = [("rank", "partitioned/total", "local elems", "model states GiB", "predicted GiB", "diff",
+             "other GiB", "peak GiB", "status")]
+    for r in records:
+        measured, predicted = r.get("model_state_bytes"), r.get("predicted_model_state_bytes")
+        rows.append((r["rank"], f"{r.get('partitioned_tensors', '-')}/{r.get('param_tensors', '-')}",
+                     fmt(r.get("local_param_elems"), ","), fmt(measured and gib(measured), ".3f"),
+                     fmt(predicted and gib(predicted), ".3f"),
+                     signed_pct(measured / predicted - 1) if measured and predicted else "-",
+                     fmt(gib(r["model_state_breakdown"]["other"]) if "model_state_breakdown" in r else None, ".3f"),
+                     f"{gib(r['peak_mem_bytes']):.2f}", "OOM" if r["oom"] else "error" if r["error"] else "ok"))
+    return format_table(rows)
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def comparison_table(runs):
+    """The stages side by side, per-rank figures taken from the rank that holds the most; with two runs,
+    a last column gives the first over the second."""
+    names = list(runs)
+    metrics = [
+        ("ranks", lambda rs: rs[0]["world_size"] if rs else None, "d"),
+        ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d"),
+        ("param tensors", lambda rs: worst(rs, "param_tensors"), "d"),
+        ("local params", lambda rs: worst(rs, "local_param_elems"), ","),
+        ("model states GiB", lambda rs: gib_or_none(worst(rs, "model_state_bytes")), ".3f"),
+        ("predicted GiB", lambda rs: gib_or_none(worst(rs, "predicted_model_state_bytes")), ".3f"),
+        ("other tensors GiB", lambda rs: gib_or_none(max((r["model_state_breakdown"]["other"] for r in rs
+                                                          if "model_state_breakdown" in r), default=None)), ".3f"),
+        ("peak GiB", lambda rs: gib_or_none(worst(rs, "peak_mem_bytes")), ".2f"),
+        ("first loss", lambda rs: rs[0].get("first_loss") if rs else None, ".4f"),
+        ("last loss", lambda rs: rs[0]["losses"][-1] if rs and rs[0].get("losses") else None, ".4f"),
+        ("tokens/s", lambda rs: rs[0].get("tokens_per_s") if rs else None, ",.0f"),
+        ("MFU", lambda rs: rs[0].get("mfu") if rs else None, ".1%"),
+    ]
+    header = ("", *names, f"{names[0]}/{names[1]}" if len(names) == 2 else "")
+    rows = [header]
+    for label, get, spec in metrics:
+        values = [get(runs[n]) for n in names]
+        last = ratio(*values) if len(values) == 2 and spec not in ("d",) and label not in ("first loss", "last loss") else ""
+        rows.append((label, *(fmt(v, spec) for v in values), last))
+    rows.append(("status", *(status(runs[n]) for n in names), ""))
+    return format_table(rows)
+
+
+def gib_or_none(nbytes):
+    return None if nbytes is None else gib(nbytes)
+
+
+# -----------------------------------------------------------------------------
+# verdict
+
+
+def check_partitioning(dense, zero3):
+    if not dense or not zero3:
+        return "FAIL", "stage 0 or stage 3 reported no result"
+    whole = all(r["partitioned_tensors"] == r["param_tensors"] > 0 and r["shard_check_ok"] for r in zero3)
+    none = all(r.get("partitioned_tensors") == 0 for r in dense)
+    detail = (f"stage 3 partitions {zero3[0]['partitioned_tensors']}/{zero3[0]['param_tensors']} tensors "
+              f"(shards checked: {'ok' if all(r['shard_check_ok'] for r in zero3) else 'WRONG SIZES'}), "
+              f"stage 0 {dense[0].get('partitioned_tensors')}")
+    if zero3[0]["world_size"] == 1:
+        detail += "; with 1 rank each shard is the whole tensor"
+    return ("PASS" if whole and none else "FAIL"), detail
+
+
+def check_memory(dense, zero3):
+    if failed(zero3):
+        return "FAIL", f"stage 3 did not finish: {status(zero3)}"
+    if oom(dense):
+        return "PASS", "stage 0 ran out of memory where stage 3 fit"
+    if failed(dense):
+        return "FAIL", f"stage 0 did not finish: {status(dense)}"
+    world = zero3[0]["world_size"]
+    s0, s3 = worst(dense, "model_state_bytes"), worst(zero3, "model_state_bytes")
+    p0, p3 = worst(dense, "peak_mem_bytes"), worst(zero3, "peak_mem_bytes")
+    detail = (f"model states per rank {gib(s0):.3f} -> {gib(s3):.3f} GiB ({s0 / s3:.2f}x less, ideal {world}x); "
+              f"peak {gib(p0):.2f} -> {gib(p3):.2f} GiB ({p0 / p3:.2f}x less)")
+    if world == 1:
+        return "NOT OBSERVABLE", detail + "; with 1 rank there is nothing to shard across: rehearse N ranks " \
+                                          "with `bash run.sh --ranks 4`"
+    states_ok = s3 <= MEMORY_SLACK * s0 / world
+    # a process's peak RSS on a CPU is mostly the runtime itself, so only a GPU's peak is judged
+    peak_ok = zero3[0]["mem_kind"] != "cuda" or p3 < p0
+    return ("PASS" if states_ok and peak_ok else "FAIL"), detail
+
+
+def loss_falls(records):
+    losses = records[0]["losses"]
+    return all(map(math.isfinite, losses)) and losses[-1] < losses[0]
+
+
+def check_loss(dense, zero3):
+    if failed(zero3):
+        return "FAIL", f"stage 3 did not finish: {status(zero3)}"
+    finished = {"stage 3": zero3} if failed(dense) else {"stage 0": dense, "stage 3": zero3}
+    detail = "; ".join(f"{name} {' -> '.join(f'{x:.3f}' for x in rs[0]['losses'])}" for name, rs in finished.items())
+    ok = all(loss_falls(rs) for rs in finished.values())
+    if len(finished) == 2:
+        a, b = dense[0]["first_loss"], zero3[0]["first_loss"]
+        same = abs(a - b) <= FIRST_LOSS_RTOL * abs(a)
+        detail += f"; first-step losses {'agree' if same else 'DIFFER'} ({a:.4f} vs {b:.4f})"
+        ok = ok and same
+    return ("PASS" if ok else "FAIL"), detail
+
+
+def verdict(runs):
+    """[(criterion, status, detail)] and the overall status, for the first stage-0 and stage-3 runs."""
+    by_stage = {}
+    for records in runs.values():
+        if records:
+            by_stage.setdefault(records[0]["stage"], records)
+    dense, zero3 = by_stage.get(0, []), by_stage.get(3, [])
+    checks = [("(a) stage 3 partitions every parameter tensor, stage 0 none", *check_partitioning(dense, zero3))]
+    if dense and zero3:
+        checks += [("(b) stage 3 holds far less per rank than stage 0", *check_memory(dense, zero3)),
+                   ("(c) the loss falls at both stages", *check_loss(dense, zero3))]
+    states = {s for _, s, _ in checks}
+    overall = "FAIL" if "FAIL" in states else "NOT OBSERVABLE" if "NOT OBSERVABLE" in states else "PASS"
+    return checks, overall
+
+
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "NOT OBSERVABLE": 3}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or not Path(argv[0]).is_dir():
+        print("usage: python report.py RESULTS_FOLDER", file=sys.stderr)
+        return 2
+    runs = load_runs(argv[0])
+    if not runs:
+        print(f"report.py: error: no logs in {argv[0]}", file=sys.stderr)
+        return 2
+    print(comparison_table(runs))
+    if any(r.get("rehearsal") for rs in runs.values() for r in rs):
+        print("\nREHEARSAL: several ranks shared each GPU over gloo; per-rank memory is real, speed is not.")
+    checks, overall = verdict(runs)
+    print()
+    for name, state, detail in checks:
+        print(f"{state:>14}  {name}: {detail}")
+    print(f"\nVERDICT: {overall}")
+    return EXIT_CODES[overall]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

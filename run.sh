@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the benchmark at stage 0, then stage 3, keeps each stage's log under results/<timestamp>/,
+# and prints the comparison and the verdict (exit 0 only on PASS).
+#   bash run.sh [--ranks N] [--stages "0 3"] [train_gpt.py options ...]
+# N defaults to every visible GPU, or 2 CPU processes on a machine without GPUs; RANKS=N works too.
+# More ranks than GPUs share them (a rehearsal: memory per rank is real, speed is not).
+# HOSTFILE=path runs on the nodes of a deepspeed hostfile instead.
+set -uo pipefail
+cd "$(dirname "$0")"
+ranks=${RANKS:-} stages="0 3"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --ranks) ranks=$2; shift 2 ;;
+    --ranks=*) ranks=${1#*=}; shift ;;
+    --stages) stages=$2; shift 2 ;;
+    --stages=*) stages=${1#*=}; shift ;;
+    *) break ;;
+  esac
+done
+if [ -n "${HOSTFILE:-}" ]; then
+  launcher=(deepspeed --hostfile "$HOSTFILE")
+else
+  gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())') || exit 1
+  [ "$gpus" -gt 0 ] || gpus=2
+  launcher=(deepspeed --num_gpus "${ranks:-$gpus}")
+fi
+mkdir -p results
+out=$(mktemp -d "results/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
+for stage in $stages; do
+  echo "== ${launcher[*]} train_gpt.py --stage $stage $*  (log: $out/stage$stage.log)"
+  "${launcher[@]}" train_gpt.py --stage "$stage" "$@" 2>&1 | tee "$out/stage$stage.log"
+done
+python3 report.py "$out"

@@ -1,0 +1,600 @@
+"""
+A DeepSpeed ZeRO benchmark: train a GPT for a few steps and report, per rank, what ZeRO partitions,
+how much memory the model states take against the ZeRO paper's prediction, the losses and the speed.
+
+    deepspeed --num_gpus 4 train_gpt.py --stage 3        # or torchrun, or plain python for one rank
+
+Each rank prints human lines and one `RESULT {json}` line; report.py reads those lines back.
+"""
+import argparse
+import gc
+import json
+import math
+import os
+import resource
+import socket
+import sys
+import sysconfig
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+import deepspeed
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from deepspeed import comm as dist
+from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.zero.utils import is_zero_param
+
+import report
+
+HERE = Path(__file__).resolve().parent
+# DeepSpeed calls torch.distributed functions that torch has deprecated; the warnings say nothing to a user
+warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
+
+# -----------------------------------------------------------------------------
+# configuration
+
+# name: (layers, heads, d_model, vocab, context, default learning rate); the GPT-3 paper's shapes, plus a
+# byte-level toy for CPUs. The learning rates are low for GPT-3 because the benchmark runs 3 steps with no
+# warm-up, and Adam's first steps move every weight by about lr.
+PRESETS = {
+    "tiny": (2, 4, 128, 256, 256, 3e-3),
+    "125m": (12, 12, 768, 50257, 1024, 1e-4),
+    "350m": (24, 16, 1024, 50257, 1024, 5e-5),
+    "760m": (24, 16, 1536, 50257, 1024, 4e-5),
+    "1.3b": (24, 16, 2048, 50257, 1024, 3e-5),
+    "2.7b": (32, 32, 2560, 50257, 1024, 2.5e-5),
+    "6.7b": (32, 32, 4096, 50257, 1024, 2e-5),
+}
+
+# Dense bf16 peak TFLOP/s by device name, for MFU; the first matching key wins, so specific names come first.
+PEAK_TFLOPS = {
+    "H100 PCIe": 756, "H100 NVL": 835, "H200 NVL": 835, "H100": 989, "H200": 989, "H800": 989,
+    "GB200": 2500, "B200": 2250, "A100": 312, "A800": 312, "L40S": 362, "A10G": 70, "A10": 125,
+    "L4": 121, "MI300X": 1307, "MI250X": 383,
+}
+
+# Model-state bytes per parameter in the ZeRO paper: 2 + 2 for half-precision weights and gradients, and
+# K = 12 for Adam's fp32 master weights, momentum and variance. In fp32 it is also 16: 4 + 4 + 8.
+ZERO_BYTES_PER_PARAM = 16
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def fail(msg):
+    """Bad input: one line on stderr, exit status 2, no traceback."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train_gpt.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="DeepSpeed ZeRO benchmark on a GPT-style model.")
+    p.add_argument("--stage", type=int, choices=[0, 1, 2, 3],
+                   help="ZeRO stage; loads ds_config_stage<N>.json beside this script (default 3)")
+    p.add_argument("--config", type=Path, help="a DeepSpeed config file instead of ds_config_stage<N>.json")
+    p.add_argument("--model", choices=PRESETS, help="model preset (default 1.3b on GPUs, tiny without)")
+    p.add_argument("--micro-batch", type=int, help="rows per GPU per step (default: the config's, 2)")
+    p.add_argument("--seq", type=int, help="tokens per row (default: the model's context)")
+    p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    p.add_argument("--lr", type=float, help="AdamW learning rate (default: the preset's)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the weights and the data (default 0)")
+    p.add_argument("--dtype", choices=DTYPES, help="bf16, fp16 or fp32 (default bf16 where supported)")
+    p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
+    p.error = fail
+    return p.parse_args(argv)
+
+
+def load_ds_config(args):
+    path = args.config or HERE / f"ds_config_stage{3 if args.stage is None else args.stage}.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        fail(f"config not found: {path}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        fail(f"config {path} is not valid JSON: {e}")
+    if not isinstance(config, dict):
+        fail(f"config {path} is not a JSON object")
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if args.stage is not None and stage != args.stage:
+        fail(f"config {path} has zero_optimization.stage {stage}, but --stage is {args.stage}")
+    if config.get("gradient_accumulation_steps", 1) != 1:
+        fail(f"config {path}: the benchmark times one micro batch per step; set gradient_accumulation_steps to 1")
+    return path, stage, config
+
+
+def resolve(args):
+    """Check the arguments and fill in the defaults that depend on the machine and the config."""
+    on_gpu = torch.cuda.is_available()
+    path, stage, config = load_ds_config(args)
+    args.config, args.stage = path, stage
+    args.model = args.model or ("1.3b" if on_gpu else "tiny")
+    layers, heads, d_model, vocab, context, lr = PRESETS[args.model]
+    args.lr = args.lr or lr
+    args.seq = args.seq or context
+    args.micro_batch = args.micro_batch or config.get("train_micro_batch_size_per_gpu", 2)
+    args.dtype = args.dtype or ("bf16" if not on_gpu or torch.cuda.is_bf16_supported() else "fp16")
+    if args.dtype == "fp16" and not on_gpu:
+        fail("fp16 needs a GPU, and this machine has none: use --dtype bf16 or fp32")
+    if args.seq < 1 or args.seq > context:
+        fail(f"--seq {args.seq} is outside the {args.model} model's context of 1..{context} tokens")
+    if args.micro_batch < 1:
+        fail(f"--micro-batch must be at least 1, not {args.micro_batch}")
+    if args.steps < 1:
+        fail(f"--steps must be at least 1, not {args.steps}")
+    if args.lr <= 0:
+        fail(f"--lr must be positive, not {args.lr}")
+    config.update(train_micro_batch_size_per_gpu=args.micro_batch, gradient_accumulation_steps=1,
+                  steps_per_print=10**9)
+    config["bf16"] = {**config.get("bf16", {}), "enabled": args.dtype == "bf16"}
+    config["fp16"] = {**config.get("fp16", {}), "enabled": args.dtype == "fp16"}
+    if "optimizer" in config and "lr" in config["optimizer"].get("params", {}):
+        config["optimizer"]["params"]["lr"] = args.lr
+    args.tokens = load_tokens(args.data, vocab, args.seq)
+    return config
+
+
+# -----------------------------------------------------------------------------
+# model: GPT-2/3 style, pre-LayerNorm, learned positions, tied input and output embedding
+
+
+class Linear(nn.Linear):
+    """nn.Linear with GPT-2's initialisation. nn.Linear's constructor calls reset_parameters, so the init
+    happens while the tensor is still whole: under zero.Init it is partitioned as the constructor returns."""
+
+    def __init__(self, d_in, d_out, bias=True, std=0.02):
+        self.std = std
+        super().__init__(d_in, d_out, bias)
+
+    def reset_parameters(self):
+        nn.init.normal_(self.weight, std=self.std)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class Embedding(nn.Embedding):
+    def reset_parameters(self):
+        nn.init.normal_(self.weight, std=0.02)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model, heads, proj_std):
+        super().__init__()
+        self.heads = heads
+        self.qkv = Linear(d_model, 3 * d_model)
+        self.proj = Linear(d_model, d_model, std=proj_std)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, C // self.heads).transpose(1, 3).unbind(2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model, proj_std):
+        super().__init__()
+        self.fc = Linear(d_model, 4 * d_model)
+        self.proj = Linear(4 * d_model, d_model, std=proj_std)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model, heads, proj_std):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, heads, proj_std)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, proj_std)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, heads, d_model, vocab, context):
+        super().__init__()
+        proj_std = 0.02 / math.sqrt(2 * layers)  # GPT-2: scale the residual projections by depth
+        self.wte = Embedding(vocab, d_model)
+        self.wpe = Embedding(context, d_model)
+        # each block is built explicitly: zero.Init cannot follow modules that deep-copy a layer
+        self.blocks = nn.ModuleList(Block(d_model, heads, proj_std) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx, targets):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+# -----------------------------------------------------------------------------
+# data: deterministic for a seed and a step, the same at every stage
+
+
+def load_tokens(path, vocab, seq):
+    """The token stream: a nanoGPT .bin file, or else the bytes of Python's own sources, real text that
+    every Python installation ships."""
+    if path is None:
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        tokens = np.frombuffer(b"".join(f.read_bytes() for f in sorted(stdlib.glob("*.py"))), dtype=np.uint8)
+    else:
+        if not path.is_file():
+            fail(f"--data {path}: no such file")
+        if path.stat().st_size % 2:
+            fail(f"--data {path}: not a flat uint16 token file (odd size)")
+        tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    if len(tokens) <= seq:
+        fail(f"the data has {len(tokens)} tokens, fewer than one row of {seq} + 1")
+    if path is not None and int(tokens[: 1 << 24].max()) >= vocab:
+        fail(f"--data {path}: token ids reach {int(tokens[: 1 << 24].max())}, outside the vocabulary of {vocab}")
+    return tokens
+
+
+def get_batch(tokens, seed, step, rank, micro_batch, world, seq, device):
+    """This rank's rows of the global batch for this step: random windows, the same for any stage."""
+    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - seq - 1, size=world * micro_batch)
+    rows = np.stack([tokens[s: s + seq + 1] for s in starts[rank * micro_batch: (rank + 1) * micro_batch]])
+    rows = torch.from_numpy(rows.astype(np.int64)).to(device, non_blocking=True)
+    return rows[:, :-1], rows[:, 1:]
+
+
+# -----------------------------------------------------------------------------
+# setup: processes, device, model, engine
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed():
+    """Join the process group under the deepspeed launcher, torchrun, or plain python (one rank).
+    With more ranks on a host than GPUs, the ranks share the GPUs over gloo: a rehearsal, in which each
+    rank's memory is real but speed is not."""
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    local_rank = int(os.environ["LOCAL_RANK"])
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or os.environ["WORLD_SIZE"])
+    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % gpus)
+        torch.cuda.set_device(device)
+        os.environ["LOCAL_RANK"] = str(device.index)  # zero.Init and the engine place tensors on LOCAL_RANK
+        ranks_per_gpu = math.ceil(local_size / gpus)
+        backend = "gloo" if ranks_per_gpu > 1 else "nccl"  # NCCL refuses two ranks on one GPU
+    else:
+        device, ranks_per_gpu, backend = torch.device("cpu"), 1, "gloo"
+        torch.set_num_threads(max(1, os.cpu_count() // local_size))
+    deepspeed.init_distributed(dist_backend=backend)
+    return device, ranks_per_gpu
+
+
+def build_model(args, config, device):
+    """Build the model on the device in the training dtype. At stage 3 inside zero.Init, so that each
+    parameter is partitioned as soon as its module exists and no rank ever holds the whole model."""
+    torch.manual_seed(args.seed)
+    torch.set_default_dtype(DTYPES[args.dtype])  # zero.Init creates this dtype too: the same init values
+    place = deepspeed.zero.Init(config_dict_or_path=config) if args.stage == 3 else torch.device(device)
+    with place:
+        model = GPT(*PRESETS[args.model][:5])
+    torch.set_default_dtype(torch.float32)
+    return model
+
+
+def adamw(model, lr, device):
+    """AdamW as in GPT-3, with no weight decay on biases and LayerNorms. torch's fused kernel needs no
+    JIT build, which fails on some images (an arch list of 9.0a breaks DeepSpeed's FusedAdam build)."""
+    params = list(model.parameters())
+    decay = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]
+    rest = [p for p in params if len(getattr(p, "ds_shape", p.shape)) < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+def build_engine(model, args, config, device):
+    """The config's optimizer if it names one (e.g. DeepSpeedCPUAdam for offload), else torch's AdamW."""
+    optimizer = None if "optimizer" in config else adamw(model, args.lr, device)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=model.parameters(),
+                                      config=config)
+    return engine
+
+
+def optimizer_name(engine):
+    opt = engine.basic_optimizer
+    fused = opt.defaults.get("fused") and " (fused)" or ""
+    return f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}{fused}"
+
+
+# -----------------------------------------------------------------------------
+# measurement: what is partitioned, what is resident, how fast
+
+
+def shard_report(model, world):
+    """Count what ZeRO-3 partitioned, from DeepSpeed's own attributes on each parameter: a partitioned
+    parameter has numel() 0, ds_numel (its full size) and ds_tensor (this rank's shard); a persistent one
+    (ds_persist) also stays whole on every rank."""
+    params = list(model.parameters())
+    zero = [p for p in params if is_zero_param(p)]
+    shard_sizes_ok = all(p.ds_tensor.numel() == math.ceil(p.ds_numel / world) for p in zero)
+    held = torch.tensor([sum(p.ds_tensor.numel() for p in zero)], dtype=torch.float64,
+                        device=get_accelerator().current_device_name())
+    dist.all_reduce(held)
+    padding = held.item() - sum(p.ds_numel for p in zero)
+    return {
+        "param_tensors": len(params),
+        "partitioned_tensors": len(zero),
+        "persistent_tensors": sum(bool(p.ds_persist) for p in zero),
+        "params_total": sum(p.ds_numel if is_zero_param(p) else p.numel() for p in params),
+        "local_param_elems": sum(p.ds_tensor.numel() if is_zero_param(p) else p.numel() for p in params),
+        "persistent_elems": sum(p.ds_numel for p in zero if p.ds_persist),
+        # every shard is ceil(numel / world), and all ranks' shards together cover each tensor, with less
+        # than one element of padding per rank
+        "shard_check_ok": shard_sizes_ok and 0 <= padding < world * max(1, len(zero)),
+    }
+
+
+def local_values(p, rank):
+    """The elements of p this rank is the owner of: its whole tensor, or its shard without the padding."""
+    if not is_zero_param(p):
+        return p.data.flatten()
+    shard = p.ds_tensor.numel()
+    return p.ds_tensor.flatten()[: max(0, min(shard, p.ds_numel - rank * shard))]
+
+
+def weights_checksum(model, rank, world):
+    """Sum of squares of the whole model's weights, from each rank's own elements. Equal across stages
+    when the shards of all ranks hold exactly the weights that stage 0 holds whole."""
+    partitioned = any(is_zero_param(p) for p in model.parameters())
+    total = sum(local_values(p, rank).double().square().sum() for p in model.parameters())
+    if partitioned:
+        dist.all_reduce(total)
+    return total.item()
+
+
+def storages(tensors, device):
+    """{storage address: bytes} for the distinct storages behind these tensors on the device."""
+    found = {}
+    for t in tensors:
+        if torch.is_tensor(t) and t.device.type == device.type and t.untyped_storage().nbytes():
+            found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return found
+
+
+def model_state_census(engine, device):
+    """Bytes of every live tensor on the device, counted from the tensors themselves and sorted into
+    the model states (parameters, gradients, fp32 master weights, optimizer moments) and the rest
+    (communication buckets, buffers). Taken after backward, when gradients and optimizer states coexist."""
+    params = list(engine.module.parameters())
+    opt = engine.basic_optimizer
+    owners = {
+        "params": [t for p in params for t in (p.data, getattr(p, "ds_tensor", None))],
+        # ZeRO-3 reduces gradients into one flat buffer of this rank's partitions
+        "grads": [p.grad for p in params] + [getattr(engine.optimizer, "grad_partitions_flat_buffer", None)],
+        # the optimizer's own parameters; ZeRO-3 lends them to its param_groups only during step()
+        "master": [p for group in opt.param_groups for p in group["params"]] + list(opt.state),
+        "moments": [t for state in opt.state.values() for t in state.values()],
+    }
+    gc.collect()
+    live = storages((o for o in gc.get_objects() if torch.is_tensor(o)), device)
+    claimed, census = {}, {}
+    for name, tensors in owners.items():
+        mine = {k: v for k, v in storages(tensors, device).items() if k not in claimed}
+        claimed.update(mine)
+        census[name] = sum(mine.values())
+    census["other"] = sum(v for k, v in live.items() if k not in claimed)
+    gathered = sum(1 for p in params if is_zero_param(p) and not p.ds_persist and p.numel() > 0)
+    return census, gathered
+
+
+def predicted_model_state_bytes(stage, shards, dtype):
+    """The ZeRO paper's model states for this rank: 16 bytes per parameter at stage 0, and 16 per element
+    of this rank's shards at stage 3, plus the whole copies of the persistent parameters."""
+    if stage == 3:
+        return ZERO_BYTES_PER_PARAM * shards["local_param_elems"] + DTYPES[dtype].itemsize * shards["persistent_elems"]
+    return ZERO_BYTES_PER_PARAM * shards["params_total"]
+
+
+def peak_tflops(device):
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+
+
+def memory_snapshot(device):
+    """Peak memory since the last reset: allocated and reserved on a GPU, resident set size on a CPU."""
+    if device.type == "cuda":
+        return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+    return {"peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+# -----------------------------------------------------------------------------
+# training
+
+
+def train(engine, args, device, rank, world, flops_per_token, peak, result):
+    """Run the steps, recording loss, time and peak memory of each, and take the model-state census
+    in the last step, between backward and the optimizer step (outside the timed region)."""
+    tokens_per_step = world * args.micro_batch * args.seq
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for step in range(1, args.steps + 1):
+        x, y = get_batch(args.tokens, args.seed, step, rank, args.micro_batch, world, args.seq, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        sync()
+        t0 = time.perf_counter()
+        loss = engine(x, y)
+        engine.backward(loss)
+        sync()
+        elapsed = time.perf_counter() - t0
+        if step == args.steps:
+            result["model_state_breakdown"], result["gathered_tensors"] = model_state_census(engine, device)
+        sync()
+        t0 = time.perf_counter()
+        engine.step()
+        dist.all_reduce(loss := loss.detach().float())  # the loss of the global batch
+        sync()
+        elapsed += time.perf_counter() - t0
+        record = {"step": step, "loss": loss.item() / world, "time_s": elapsed, **memory_snapshot(device)}
+        result["steps"].append(record)
+        tflops = flops_per_token * tokens_per_step / elapsed / result["gpus"] / 1e12
+        log(rank, f"step {step}/{args.steps}  loss {record['loss']:.4f}  time {elapsed:.3f}s  "
+                  f"mem {report.gib(record['peak_mem_bytes']):.2f} GiB  tok/s {tokens_per_step / elapsed:,.0f}  "
+                  f"mfu {report.pct(tflops / peak if peak else None)}")
+
+
+def summarize(result, args, flops_per_token, peak):
+    """Whole-run figures from the per-step records; step 1 (warm-up) is left out of the timings."""
+    steps = result["steps"]
+    timed = [s["time_s"] for s in steps[1:]] or [steps[0]["time_s"]]
+    step_time = sorted(timed)[len(timed) // 2]
+    tokens_per_s = result["world_size"] * args.micro_batch * args.seq / step_time
+    tflops = flops_per_token * tokens_per_s / result["gpus"] / 1e12
+    losses = [s["loss"] for s in steps]
+    breakdown = result.get("model_state_breakdown", {})
+    result.update(
+        losses=losses, first_loss=losses[0], nonfinite_loss=not all(map(math.isfinite, losses)),
+        step_time_s=step_time, tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
+        mfu=tflops / peak if peak else None,
+        model_state_bytes=sum(v for k, v in breakdown.items() if k != "other"),
+        peak_mem_bytes=max(result["peak_mem_bytes"], *(s["peak_mem_bytes"] for s in steps)),
+    )
+    if "peak_reserved_bytes" in result:
+        result["peak_reserved_bytes"] = max(result["peak_reserved_bytes"], *(s["peak_reserved_bytes"] for s in steps))
+
+
+# -----------------------------------------------------------------------------
+# report
+
+START = time.perf_counter()
+
+
+def log(rank, msg):
+    if rank == 0:
+        print(f"[{time.perf_counter() - START:6.1f}s] {msg}", flush=True)
+
+
+def human_lines(r):
+    """The original design's lines, one set per rank."""
+    tag, rank = f"[Stage {r['stage']}]", f"Rank {r['rank']}"
+    lines = [f"{tag} {rank} - total param tensors: {r['param_tensors']}, sharded param tensors: "
+             f"{r['partitioned_tensors']}, persistent: {r['persistent_tensors']}, local elements: "
+             f"{r['local_param_elems']:,} of {r['params_total']:,}, shard check: {'ok' if r['shard_check_ok'] else 'FAILED'}"]
+    if r.get("model_state_bytes"):
+        b = r["model_state_breakdown"]
+        lines.append(f"{tag} {rank} model states: {report.gib(r['model_state_bytes']):.3f} GiB (params "
+                     f"{report.gib(b['params']):.3f}, grads {report.gib(b['grads']):.3f}, master {report.gib(b['master']):.3f}, "
+                     f"moments {report.gib(b['moments']):.3f}) vs ZeRO prediction {report.gib(r['predicted_model_state_bytes']):.3f} GiB "
+                     f"({report.signed_pct(r['model_state_bytes'] / r['predicted_model_state_bytes'] - 1)}); "
+                     f"other resident tensors {report.gib(b['other']):.3f} GiB")
+    if r["rank"] == 0 and r.get("losses"):
+        lines.append(f"{tag} first-step loss: {r['first_loss']:.4f}; losses: " + ", ".join(f"{x:.4f}" for x in r["losses"]))
+    kind = "peak allocated" if r["mem_kind"] == "cuda" else "peak RSS of the process"
+    lines.append(f"{tag} {rank} peak memory: {r['peak_mem_bytes'] / 1e9:.2f} GB ({kind})")
+    if r["oom"]:
+        lines.append(f"{tag} {rank} OUT OF MEMORY: {r['error']}")
+    elif r.get("error"):
+        lines.append(f"{tag} {rank} FAILED: {r['error']}")
+    if r.get("nonfinite_loss"):
+        lines.append(f"{tag} {rank} WARNING: the loss is not finite: {r['losses']}")
+    return lines
+
+
+def emit(result):
+    """A rank's human lines and its RESULT line, in one write so that ranks sharing a log don't interleave."""
+    sys.stdout.write("\n".join([*human_lines(result), "RESULT " + json.dumps(result)]) + "\n")
+    sys.stdout.flush()
+
+
+# -----------------------------------------------------------------------------
+# main
+
+
+def run(args, config, result):
+    device, ranks_per_gpu = init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result.update(rank=rank, world_size=world, rehearsal=ranks_per_gpu > 1, ranks_per_gpu=ranks_per_gpu,
+                  gpus=max(1, world // ranks_per_gpu) if device.type == "cuda" else world,
+                  device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                  mem_kind="cuda" if device.type == "cuda" else "cpu_rss")
+    if ranks_per_gpu > 1:
+        log(rank, f"REHEARSAL: {world} ranks share {torch.cuda.device_count()} GPU(s) over gloo: "
+                  "each rank's memory is real, its speed is not")
+    log(rank, f"stage {args.stage}, {world} rank(s), {args.model} model, {args.dtype}, micro batch "
+              f"{args.micro_batch} x {args.seq} tokens, config {args.config}")
+    model = build_model(args, config, device)
+    log(rank, "model built")
+    engine = build_engine(model, args, config, device)
+    result["optimizer"] = optimizer_name(engine)
+    result["ready_s"] = time.perf_counter() - START
+    log(rank, f"engine ready; optimizer {result['optimizer']}")
+    result.update(shard_report(engine.module, world))
+    result["weights_checksum"] = weights_checksum(engine.module, rank, world)
+    result["predicted_model_state_bytes"] = predicted_model_state_bytes(args.stage, result, args.dtype)
+    layers, _, d_model = PRESETS[args.model][:3]
+    log(rank, f"{result['params_total']:,} parameters in {result['param_tensors']} tensors")
+    flops_per_token = 6 * result["params_total"] + 12 * layers * d_model * args.seq
+    peak = peak_tflops(device)
+    result.update(memory_snapshot(device))
+    if device.type == "cuda":
+        result["mem_after_init_bytes"] = torch.cuda.memory_allocated(device)
+        result["device_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    train(engine, args, device, rank, world, flops_per_token, peak, result)
+    summarize(result, args, flops_per_token, peak)
+    return rank
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    config = resolve(args)
+    result = {"stage": args.stage, "rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+              "model": args.model, "config": str(args.config), "dtype": args.dtype, "micro_batch": args.micro_batch,
+              "seq": args.seq, "lr": args.lr, "seed": args.seed, "steps": [], "oom": False, "error": None,
+              "peak_mem_bytes": 0, "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
+    status = 0
+    try:
+        run(args, config, result)
+    except (torch.OutOfMemoryError, MemoryError) as e:
+        result.update(oom=True, error=(str(e) or type(e).__name__).splitlines()[0])
+        status = 3
+    except Exception as e:  # noqa: BLE001 -- any failure is reported as a result, with its traceback in the log
+        traceback.print_exc()
+        result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+        status = 1
+    if status:
+        # a rank that failed reports alone: its peers may be blocked in a collective
+        if torch.cuda.is_available():
+            result.update(memory_snapshot(torch.device("cuda", torch.cuda.current_device())))
+        emit(result)
+    else:
+        everyone = [None] * result["world_size"]
+        dist.all_gather_object(everyone, result)
+        if result["rank"] == 0:
+            for record in everyone:
+                emit(record)
+            print(report.rank_table(everyone), flush=True)
+    # Leave without the interpreter's teardown: after ZeRO-3 on gloo it sometimes aborts the process
+    # ("terminate called without an active exception") after all work is done. A failed rank's peers may
+    # be blocked in a collective; the launcher ends them when it sees the failure's exit status.
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()
