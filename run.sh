@@ -4,7 +4,7 @@
 #   bash run.sh [--ranks N] [--stages "0 3"] [train_gpt.py options ...]
 # N defaults to every visible GPU, or 2 CPU processes on a machine without GPUs; RANKS=N works too.
 # More ranks than GPUs share them (a rehearsal: memory per rank is real, speed is not).
-# HOSTFILE=path runs on the nodes of a deepspeed hostfile instead.
+# HOSTFILE=path runs on the nodes of a deepspeed hostfile instead; RESULTS=dir keeps the logs elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")"
 ranks=${RANKS:-} stages="0 3"
@@ -24,10 +24,11 @@ else
   [ "$gpus" -gt 0 ] || gpus=2
   launcher=(deepspeed --num_gpus "${ranks:-$gpus}")
 fi
-mkdir -p results
-out=$(mktemp -d "results/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
+mkdir -p "${RESULTS:=results}"
+out=$(mktemp -d "$RESULTS/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
 for stage in $stages; do
   echo "== ${launcher[*]} train_gpt.py --stage $stage $*  (log: $out/stage$stage.log)"
   "${launcher[@]}" train_gpt.py --stage "$stage" "$@" 2>&1 | tee "$out/stage$stage.log"
 done
-python3 report.py "$out"
+python3 report.py "$out" | tee "$out/report.txt"
+exit "${PIPESTATUS[0]}"

@@ -11,6 +11,7 @@ import gc
 import json
 import math
 import os
+import re
 import resource
 import socket
 import sys
@@ -25,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch._subclasses.fake_tensor import FakeTensor
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero.utils import is_zero_param
@@ -85,6 +88,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed for the weights and the data (default 0)")
     p.add_argument("--dtype", choices=DTYPES, help="bf16, fp16 or fp32 (default bf16 where supported)")
     p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing: recompute each block in backward, for larger micro batches")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model through DeepSpeed's engine.compile")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
     p.error = fail
     return p.parse_args(argv)
@@ -115,9 +121,10 @@ def resolve(args):
     args.config, args.stage = path, stage
     args.model = args.model or ("1.3b" if on_gpu else "tiny")
     layers, heads, d_model, vocab, context, lr = PRESETS[args.model]
-    args.lr = args.lr or lr
-    args.seq = args.seq or context
-    args.micro_batch = args.micro_batch or config.get("train_micro_batch_size_per_gpu", 2)
+    args.lr = lr if args.lr is None else args.lr
+    args.seq = context if args.seq is None else args.seq
+    if args.micro_batch is None:
+        args.micro_batch = config.get("train_micro_batch_size_per_gpu", 2)
     args.dtype = args.dtype or ("bf16" if not on_gpu or torch.cuda.is_bf16_supported() else "fp16")
     if args.dtype == "fp16" and not on_gpu:
         fail("fp16 needs a GPU, and this machine has none: use --dtype bf16 or fp32")
@@ -200,8 +207,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, layers, heads, d_model, vocab, context):
+    def __init__(self, layers, heads, d_model, vocab, context, checkpoint=False):
         super().__init__()
+        self.checkpoint = checkpoint
         proj_std = 0.02 / math.sqrt(2 * layers)  # GPT-2: scale the residual projections by depth
         self.wte = Embedding(vocab, d_model)
         self.wpe = Embedding(context, d_model)
@@ -215,7 +223,7 @@ class GPT(nn.Module):
         pos = torch.arange(idx.shape[1], device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
-            x = block(x)
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.checkpoint else block(x)
         logits = self.lm_head(self.ln_f(x))
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
@@ -261,6 +269,14 @@ def free_port():
         return s.getsockname()[1]
 
 
+def normalise_cuda_arch_list():
+    """DeepSpeed's JIT op builder reads TORCH_CUDA_ARCH_LIST as numbers and fails on suffixed entries such
+    as Hopper's '9.0a' (images set it so); its ops need no arch-specific instructions, so build for '9.0'."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", archs)
+
+
 def init_distributed():
     """Join the process group under the deepspeed launcher, torchrun, or plain python (one rank).
     With more ranks on a host than GPUs, the ranks share the GPUs over gloo: a rehearsal, in which each
@@ -291,7 +307,7 @@ def build_model(args, config, device):
     torch.set_default_dtype(DTYPES[args.dtype])  # zero.Init creates this dtype too: the same init values
     place = deepspeed.zero.Init(config_dict_or_path=config) if args.stage == 3 else torch.device(device)
     with place:
-        model = GPT(*PRESETS[args.model][:5])
+        model = GPT(*PRESETS[args.model][:5], checkpoint=args.checkpoint)
     torch.set_default_dtype(torch.float32)
     return model
 
@@ -311,6 +327,8 @@ def build_engine(model, args, config, device):
     optimizer = None if "optimizer" in config else adamw(model, args.lr, device)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=model.parameters(),
                                       config=config)
+    if args.compile:
+        engine.compile()
     return engine
 
 
@@ -370,8 +388,14 @@ def storages(tensors, device):
     """{storage address: bytes} for the distinct storages behind these tensors on the device."""
     found = {}
     for t in tensors:
-        if torch.is_tensor(t) and t.device.type == device.type and t.untyped_storage().nbytes():
-            found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        # torch.compile leaves fake tensors behind, which hold no memory
+        if torch.is_tensor(t) and t.device.type == device.type and not isinstance(t, FakeTensor):
+            try:
+                storage = t.untyped_storage()
+                found[storage.data_ptr()] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                pass  # other tensor subclasses without storage
+    found.pop(0, None)  # empty storages
     return found
 
 
@@ -527,6 +551,7 @@ def emit(result):
 
 
 def run(args, config, result):
+    normalise_cuda_arch_list()
     device, ranks_per_gpu = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     result.update(rank=rank, world_size=world, rehearsal=ranks_per_gpu > 1, ranks_per_gpu=ranks_per_gpu,
@@ -589,6 +614,8 @@ def main(argv=None):
             for record in everyone:
                 emit(record)
             print(report.rank_table(everyone), flush=True)
+        dist.barrier()  # rank 0 has printed everything before any rank leaves
+        status = 4 if result["nonfinite_loss"] else 0
     # Leave without the interpreter's teardown: after ZeRO-3 on gloo it sometimes aborts the process
     # ("terminate called without an active exception") after all work is done. A failed rank's peers may
     # be blocked in a collective; the launcher ends them when it sees the failure's exit status.

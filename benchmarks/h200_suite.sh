@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU runs behind BENCHMARKS.md, in groups that fit one device call each:
+#   bash benchmarks/h200_suite.sh OUT_DIR env|verdicts|rehearsal|mfu|baselines ...
+# Every run's log lands under OUT_DIR; nothing here is parsed by grep, report.py reads the RESULT lines.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$1; shift
+mkdir -p "$out"
+export RESULTS=$out/results PYTHONUNBUFFERED=1
+ds() { local name=$1; shift; timeout 300 deepspeed --num_gpus 1 train_gpt.py "$@" > "$out/$name.log" 2>&1; echo "$name: exit $?"; }
+for group in "$@"; do
+  case $group in
+    env)
+      { nvidia-smi; python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'deepspeed', deepspeed.__version__)"
+        echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}"; nproc; free -g; } > "$out/env.txt" 2>&1
+      python3 benchmarks/vocab_probe.py >> "$out/env.txt" 2>&1 ;;
+    verdicts)  # the two commands of issue 3, timed
+      { time bash run.sh; } > "$out/run_1gpu.txt" 2>&1; echo "run.sh: exit $?"
+      { time bash run.sh --ranks 4; } > "$out/run_4ranks.txt" 2>&1; echo "run.sh --ranks 4: exit $?" ;;
+    mfu)  # micro batch sweep at stage 0 and 3, one rank
+      for mb in 8 16 32; do for st in 0 3; do ds "mfu_s${st}_mb${mb}" --stage $st --micro-batch $mb --steps 8; done; done ;;
+    fusedadam)  # stage 0 with DeepSpeed's JIT-built FusedAdam instead of torch's fused AdamW
+      python3 -c "import json; c = json.load(open('ds_config_stage0.json')); c['optimizer'] = {'type': 'AdamW', 'params': {'lr': 3e-5, 'betas': [0.9, 0.95], 'weight_decay': 0.1}}; json.dump(c, open('$out/ds_config_stage0_fusedadam.json', 'w'))"
+      for mb in 2 16; do ds "fusedadam_s0_mb${mb}" --config "$out/ds_config_stage0_fusedadam.json" --micro-batch $mb --steps 8; done ;;
+    compile)
+      for mb in 2 16; do for st in 0 3; do ds "compile_s${st}_mb${mb}" --stage $st --micro-batch $mb --steps 8 --compile; done; done ;;
+    baselines)
+      for mb in 2 8 16; do
+        timeout 300 python3 benchmarks/baselines.py --mode plain --micro-batch $mb > "$out/baseline_plain_mb$mb.log" 2>&1; echo "plain mb$mb: exit $?"
+        timeout 300 torchrun --nproc_per_node 1 benchmarks/baselines.py --mode fsdp2 --micro-batch $mb > "$out/baseline_fsdp2_mb$mb.log" 2>&1; echo "fsdp2 mb$mb: exit $?"
+      done ;;
+    *) echo "unknown group $group"; exit 2 ;;
+  esac
+done

@@ -1,0 +1,60 @@
+"""Shared launches: each costs seconds of start-up on a CPU, so each runs once per test session and
+the tests read its logs."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import report  # noqa: E402
+
+
+def run(cmd, env=None, log=None):
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={**os.environ, **(env or {})})
+    if log:
+        log.write_text(proc.stdout + proc.stderr)
+    return proc
+
+
+@pytest.fixture(scope="session")
+def run_sh(tmp_path_factory):
+    """`bash run.sh` end to end: on a machine without GPUs, the tiny model on 2 gloo ranks, stage 0 then 3."""
+    results = tmp_path_factory.mktemp("results")
+    proc = run(["bash", "run.sh"], env={"RESULTS": str(results)})
+    folders = list(results.iterdir())
+    assert len(folders) == 1, proc.stdout + proc.stderr
+    return SimpleNamespace(proc=proc, folder=folders[0], runs=report.load_runs(folders[0]))
+
+
+@pytest.fixture(scope="session")
+def stage0(run_sh):
+    return run_sh.runs["stage0"]
+
+
+@pytest.fixture(scope="session")
+def stage3(run_sh):
+    return run_sh.runs["stage3"]
+
+
+@pytest.fixture(scope="session")
+def stage3_torchrun_3_ranks(tmp_path_factory):
+    """Stage 3 under torchrun with an odd world size, where shards need padding."""
+    log = tmp_path_factory.mktemp("torchrun") / "stage3.log"
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", "29531",
+                "train_gpt.py", "--stage", "3", "--model", "tiny"], log=log)
+    return SimpleNamespace(proc=proc, records=report.read_results(log))
+
+
+@pytest.fixture(scope="session")
+def single_process(tmp_path_factory):
+    """Plain `python train_gpt.py`, one process and no launcher, at stage 0 and stage 3."""
+    folder = tmp_path_factory.mktemp("single")
+    procs = {stage: run([sys.executable, "train_gpt.py", "--stage", str(stage)], log=folder / f"stage{stage}.log")
+             for stage in (0, 3)}
+    return SimpleNamespace(procs=procs, folder=folder, runs=report.load_runs(folder))
