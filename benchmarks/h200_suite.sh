@@ -15,8 +15,8 @@ for group in "$@"; do
         echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}"; nproc; free -g; } > "$out/env.txt" 2>&1
       python3 benchmarks/vocab_probe.py >> "$out/env.txt" 2>&1 ;;
     verdicts)  # the two commands of issue 3, timed
-      { time bash run.sh; } > "$out/run_1gpu.txt" 2>&1; echo "run.sh: exit $?"
-      { time bash run.sh --ranks 4; } > "$out/run_4ranks.txt" 2>&1; echo "run.sh --ranks 4: exit $?" ;;
+      { time timeout 280 bash run.sh; } > "$out/run_1gpu.txt" 2>&1; echo "run.sh: exit $?"
+      { time timeout 280 bash run.sh --ranks 4; } > "$out/run_4ranks.txt" 2>&1; echo "run.sh --ranks 4: exit $?" ;;
     mfu)  # micro batch sweep at stage 0 and 3, one rank
       for mb in 8 16 32; do for st in 0 3; do ds "mfu_s${st}_mb${mb}" --stage $st --micro-batch $mb --steps 8; done; done ;;
     fusedadam)  # stage 0 with DeepSpeed's JIT-built FusedAdam instead of torch's fused AdamW
