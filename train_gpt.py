@@ -91,6 +91,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing: recompute each block in backward, for larger micro batches")
     p.add_argument("--compile", action="store_true", help="torch.compile the model through DeepSpeed's engine.compile")
+    p.add_argument("--gather-per-block", action="store_true",
+                   help="stage 3: gather each transformer block's parameters at once (DeepSpeed's z3 leaf modules)")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
     p.error = fail
     return p.parse_args(argv)
@@ -211,12 +213,14 @@ class GPT(nn.Module):
         super().__init__()
         self.checkpoint = checkpoint
         proj_std = 0.02 / math.sqrt(2 * layers)  # GPT-2: scale the residual projections by depth
-        self.wte = Embedding(vocab, d_model)
+        # the embedding has a multiple of 64 rows: the output layer's matmul with 50257 rows ran 5.6x slower
+        # on an H200 than with 50304 (benchmarks/h200/env.txt); the extra rows are tokens that never occur
+        self.wte = Embedding(64 * math.ceil(vocab / 64), d_model)
         self.wpe = Embedding(context, d_model)
         # each block is built explicitly: zero.Init cannot follow modules that deep-copy a layer
         self.blocks = nn.ModuleList(Block(d_model, heads, proj_std) for _ in range(layers))
         self.ln_f = nn.LayerNorm(d_model)
-        self.lm_head = nn.Linear(d_model, vocab, bias=False)
+        self.lm_head = nn.Linear(d_model, self.wte.num_embeddings, bias=False)
         self.lm_head.weight = self.wte.weight
 
     def forward(self, idx, targets):
@@ -325,6 +329,8 @@ def adamw(model, lr, device):
 def build_engine(model, args, config, device):
     """The config's optimizer if it names one (e.g. DeepSpeedCPUAdam for offload), else torch's AdamW."""
     optimizer = None if "optimizer" in config else adamw(model, args.lr, device)
+    if args.gather_per_block:
+        deepspeed.utils.set_z3_leaf_modules(model, [Block])
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=model.parameters(),
                                       config=config)
     if args.compile:

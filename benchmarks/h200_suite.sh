@@ -17,8 +17,17 @@ for group in "$@"; do
     verdicts)  # the two commands of issue 3, timed
       { time timeout 280 bash run.sh; } > "$out/run_1gpu.txt" 2>&1; echo "run.sh: exit $?"
       { time timeout 280 bash run.sh --ranks 4; } > "$out/run_4ranks.txt" 2>&1; echo "run.sh --ranks 4: exit $?" ;;
-    mfu)  # micro batch sweep at stage 0 and 3, one rank
-      for mb in 8 16 32; do for st in 0 3; do ds "mfu_s${st}_mb${mb}" --stage $st --micro-batch $mb --steps 8; done; done ;;
+    lr)  # the learning rate that makes the loss fall at each of the first 3 steps
+      for lr in 1e-5 1.5e-5 2e-5; do ds "lr${lr}_s0_mb2" --stage 0 --lr $lr; done
+      for lr in 1e-5 2e-5; do ds "lr${lr}_s0_mb8" --stage 0 --lr $lr --micro-batch 8; done ;;
+    stage3)  # ZeRO-3's per-module overhead on one rank, with and without gathering a block at once
+      for mb in 2 16; do
+        ds "s3_mb${mb}" --stage 3 --micro-batch $mb --steps 6
+        ds "s3_blocks_mb${mb}" --stage 3 --micro-batch $mb --steps 6 --gather-per-block
+      done ;;
+    mfu)  # micro batch sweep, one rank
+      for mb in 16 32; do ds "mfu_s0_mb${mb}" --stage 0 --micro-batch $mb --steps 6; done
+      ds "mfu_s3_blocks_mb32" --stage 3 --micro-batch 32 --steps 6 --gather-per-block ;;
     fusedadam)  # stage 0 with DeepSpeed's JIT-built FusedAdam instead of torch's fused AdamW
       python3 -c "import json; c = json.load(open('ds_config_stage0.json')); c['optimizer'] = {'type': 'AdamW', 'params': {'lr': 3e-5, 'betas': [0.9, 0.95], 'weight_decay': 0.1}}; json.dump(c, open('$out/ds_config_stage0_fusedadam.json', 'w'))"
       for mb in 2 16; do ds "fusedadam_s0_mb${mb}" --config "$out/ds_config_stage0_fusedadam.json" --micro-batch $mb --steps 8; done ;;
