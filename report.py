@@ -145,14 +145,17 @@ def gib_or_none(nbytes):
 
 
 def check_partitioning(dense, zero3):
-    if not dense or not zero3:
-        return "FAIL", "stage 0 or stage 3 reported no result"
-    whole = all(r["partitioned_tensors"] == r["param_tensors"] > 0 and r["shard_check_ok"] for r in zero3)
-    none = all(r.get("partitioned_tensors") == 0 for r in dense)
-    detail = (f"stage 3 partitions {zero3[0]['partitioned_tensors']}/{zero3[0]['param_tensors']} tensors "
-              f"(shards checked: {'ok' if all(r['shard_check_ok'] for r in zero3) else 'WRONG SIZES'}), "
-              f"stage 0 {dense[0].get('partitioned_tensors')}")
-    if zero3[0]["world_size"] == 1:
+    counted = [r for r in zero3 if "partitioned_tensors" in r]  # a rank that failed early counted nothing
+    if not counted:
+        return "FAIL", "stage 3 reported no partitioning"
+    whole = all(r["partitioned_tensors"] == r["param_tensors"] > 0 and r["shard_check_ok"] for r in counted)
+    # stage 0 may have run out of memory before it counted anything; what it did count must be nothing
+    none = all(r["partitioned_tensors"] == 0 for r in dense if "partitioned_tensors" in r)
+    counted0 = [r["partitioned_tensors"] for r in dense if "partitioned_tensors" in r]
+    detail = (f"stage 3 partitions {counted[0]['partitioned_tensors']}/{counted[0]['param_tensors']} tensors "
+              f"(shards checked: {'ok' if all(r['shard_check_ok'] for r in counted) else 'WRONG SIZES'}), "
+              f"stage 0 {counted0[0] if counted0 else 'failed before counting'}")
+    if counted[0]["world_size"] == 1:
         detail += "; with 1 rank each shard is the whole tensor"
     return ("PASS" if whole and none else "FAIL"), detail
 

@@ -17,6 +17,8 @@ for group in "$@"; do
     verdicts)  # the two commands of issue 3, timed
       { time timeout 280 bash run.sh; } > "$out/run_1gpu.txt" 2>&1; echo "run.sh: exit $?"
       { time timeout 280 bash run.sh --ranks 4; } > "$out/run_4ranks.txt" 2>&1; echo "run.sh --ranks 4: exit $?" ;;
+    rehearsal)  # N ranks sharing the one GPU
+      for n in 2 8; do { time timeout 280 bash run.sh --ranks $n; } > "$out/run_${n}ranks.txt" 2>&1; echo "run.sh --ranks $n: exit $?"; done ;;
     lr)  # the learning rate that makes the loss fall at each of the first 3 steps
       for lr in 1e-5 1.5e-5 2e-5; do ds "lr${lr}_s0_mb2" --stage 0 --lr $lr; done
       for lr in 1e-5 2e-5; do ds "lr${lr}_s0_mb8" --stage 0 --lr $lr --micro-batch 8; done ;;
