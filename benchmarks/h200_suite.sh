@@ -30,6 +30,9 @@ for group in "$@"; do
     mfu)  # micro batch sweep, one rank
       for mb in 16 32; do ds "mfu_s0_mb${mb}" --stage 0 --micro-batch $mb --steps 6; done
       ds "mfu_s3_blocks_mb32" --stage 3 --micro-batch 32 --steps 6 --gather-per-block ;;
+    checkpoint)  # the 4-rank rehearsal with activation checkpointing, and fp32 trajectories at both stages
+      { time timeout 200 bash run.sh --ranks 4 --checkpoint; } > "$out/run_4ranks_checkpoint.txt" 2>&1; echo "run.sh --ranks 4 --checkpoint: exit $?"
+      for st in 0 3; do ds "fp32_s$st" --stage $st --dtype fp32; done ;;
     fusedadam)  # stage 0 with DeepSpeed's JIT-built FusedAdam instead of torch's fused AdamW
       python3 -c "import json; c = json.load(open('ds_config_stage0.json')); c['optimizer'] = {'type': 'AdamW', 'params': {'lr': 3e-5, 'betas': [0.9, 0.95], 'weight_decay': 0.1}}; json.dump(c, open('$out/ds_config_stage0_fusedadam.json', 'w'))"
       for mb in 2 16; do ds "fusedadam_s0_mb${mb}" --config "$out/ds_config_stage0_fusedadam.json" --micro-batch $mb --steps 8; done ;;
