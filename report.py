@@ -11,9 +11,11 @@ import math
 import sys
 from pathlib import Path
 
-# At stage 3 each rank's model states may exceed the ideal 1/G of stage 0's by this much
-# (persistent parameters, padding of the shards).
+# Stage 3's model states per rank, as a fraction of stage 0's, may exceed the predicted fraction (1/G,
+# plus the persistent parameters) by this factor before (b) fails.
 MEMORY_SLACK = 1.25
+# Both runs of a comparison must agree on these, or they compare different things.
+SAME_IN_BOTH = ("model", "world_size", "micro_batch", "seq", "dtype", "seed")
 # Both stages start from the same weights and data, so their first losses differ only by rounding.
 FIRST_LOSS_RTOL = 0.01
 
@@ -95,49 +97,55 @@ def rank_table(records):
     for r in records:
         measured, predicted = r.get("model_state_bytes"), r.get("predicted_model_state_bytes")
         rows.append((r["rank"], f"{r.get('partitioned_tensors', '-')}/{r.get('param_tensors', '-')}",
-                     fmt(r.get("local_param_elems"), ","), fmt(measured and gib(measured), ".3f"),
-                     fmt(predicted and gib(predicted), ".3f"),
+                     fmt(r.get("local_param_elems"), ","), fmt(gib_or_none(measured), ".3f"),
+                     fmt(gib_or_none(predicted), ".3f"),
                      signed_pct(measured / predicted - 1) if measured and predicted else "-",
-                     fmt(gib(r["model_state_breakdown"]["other"]) if "model_state_breakdown" in r else None, ".3f"),
-                     f"{gib(r['peak_mem_bytes']):.2f}", "OOM" if r["oom"] else "error" if r["error"] else "ok"))
-    return format_table(rows)
-
-
-def ratio(a, b):
-    return f"{a / b:.2f}x" if a and b else "-"
-
-
-def comparison_table(runs):
-    """The stages side by side, per-rank figures taken from the rank that holds the most; with two runs,
-    a last column gives the first over the second."""
-    names = list(runs)
-    metrics = [
-        ("ranks", lambda rs: rs[0]["world_size"] if rs else None, "d"),
-        ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d"),
-        ("param tensors", lambda rs: worst(rs, "param_tensors"), "d"),
-        ("local params", lambda rs: worst(rs, "local_param_elems"), ","),
-        ("model states GiB", lambda rs: gib_or_none(worst(rs, "model_state_bytes")), ".3f"),
-        ("predicted GiB", lambda rs: gib_or_none(worst(rs, "predicted_model_state_bytes")), ".3f"),
-        ("other tensors GiB", lambda rs: gib_or_none(max((r["model_state_breakdown"]["other"] for r in rs
-                                                          if "model_state_breakdown" in r), default=None)), ".3f"),
-        ("peak GiB", lambda rs: gib_or_none(worst(rs, "peak_mem_bytes")), ".2f"),
-        ("first loss", lambda rs: rs[0].get("first_loss") if rs else None, ".4f"),
-        ("last loss", lambda rs: rs[0]["losses"][-1] if rs and rs[0].get("losses") else None, ".4f"),
-        ("tokens/s", lambda rs: rs[0].get("tokens_per_s") if rs else None, ",.0f"),
-        ("MFU", lambda rs: rs[0].get("mfu") if rs else None, ".1%"),
-    ]
-    header = ("", *names, f"{names[0]}/{names[1]}" if len(names) == 2 else "")
-    rows = [header]
-    for label, get, spec in metrics:
-        values = [get(runs[n]) for n in names]
-        last = ratio(*values) if len(values) == 2 and spec not in ("d",) and label not in ("first loss", "last loss") else ""
-        rows.append((label, *(fmt(v, spec) for v in values), last))
-    rows.append(("status", *(status(runs[n]) for n in names), ""))
+                     fmt(gib_or_none(other_bytes([r])), ".3f"),
+                     fmt(gib_or_none(r["peak_mem_bytes"]), ".2f"), "OOM" if r["oom"] else "error" if r["error"] else "ok"))
     return format_table(rows)
 
 
 def gib_or_none(nbytes):
-    return None if nbytes is None else gib(nbytes)
+    """GiB, or None where nothing was measured."""
+    return gib(nbytes) if nbytes else None
+
+
+def first(records, key):
+    return records[0].get(key) if records else None
+
+
+def other_bytes(records):
+    return max((r["model_state_breakdown"]["other"] for r in records if "model_state_breakdown" in r), default=None)
+
+
+# the comparison's rows: label, the figure of one run, its format, and whether a ratio of two runs means anything
+COMPARISON = [
+    ("ranks", lambda rs: first(rs, "world_size"), "d", False),
+    ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d", False),
+    ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", False),
+    ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True),
+    ("model states GiB", lambda rs: gib_or_none(worst(rs, "model_state_bytes")), ".3f", True),
+    ("predicted GiB", lambda rs: gib_or_none(worst(rs, "predicted_model_state_bytes")), ".3f", True),
+    ("other tensors GiB", lambda rs: gib_or_none(other_bytes(rs)), ".3f", True),
+    ("peak GiB", lambda rs: gib_or_none(worst(rs, "peak_mem_bytes")), ".2f", True),
+    ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False),
+    ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False),
+    ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", True),
+    ("MFU", lambda rs: first(rs, "mfu"), ".1%", True),
+]
+
+
+def comparison_table(runs):
+    """The runs side by side, per-rank figures taken from the rank that holds the most; with two runs,
+    a last column gives the first over the second."""
+    names = list(runs)
+    rows = [("", *names, f"{names[0]}/{names[1]}" if len(names) == 2 else "")]
+    for label, figure, spec, has_ratio in COMPARISON:
+        values = [figure(runs[name]) for name in names]
+        both = len(values) == 2 and has_ratio and all(values)
+        rows.append((label, *(fmt(v, spec) for v in values), f"{values[0] / values[1]:.2f}x" if both else ""))
+    rows.append(("status", *(status(runs[name]) for name in names), ""))
+    return format_table(rows)
 
 
 # -----------------------------------------------------------------------------
@@ -155,9 +163,18 @@ def check_partitioning(dense, zero3):
     detail = (f"stage 3 partitions {counted[0]['partitioned_tensors']}/{counted[0]['param_tensors']} tensors "
               f"(shards checked: {'ok' if all(r['shard_check_ok'] for r in counted) else 'WRONG SIZES'}), "
               f"stage 0 {counted0[0] if counted0 else 'failed before counting'}")
+    same_weights = True
+    if dense and "weights_checksum" in dense[0]:
+        a, b = dense[0]["weights_checksum"], counted[0]["weights_checksum"]
+        same_weights = math.isclose(a, b, rel_tol=1e-9)
+        detail += f"; the shards hold {'exactly' if same_weights else 'NOT'} stage 0's initial weights (checksum)"
     if counted[0]["world_size"] == 1:
         detail += "; with 1 rank each shard is the whole tensor"
-    return ("PASS" if whole and none else "FAIL"), detail
+    return ("PASS" if whole and none and same_weights else "FAIL"), detail
+
+
+def change(before, after):
+    return f"{before / after:.2f}x less" if after <= before else f"{after / before:.2f}x more"
 
 
 def check_memory(dense, zero3):
@@ -170,15 +187,16 @@ def check_memory(dense, zero3):
     world = zero3[0]["world_size"]
     s0, s3 = worst(dense, "model_state_bytes"), worst(zero3, "model_state_bytes")
     p0, p3 = worst(dense, "peak_mem_bytes"), worst(zero3, "peak_mem_bytes")
-    detail = (f"model states per rank {gib(s0):.3f} -> {gib(s3):.3f} GiB ({s0 / s3:.2f}x less, ideal {world}x); "
-              f"peak {gib(p0):.2f} -> {gib(p3):.2f} GiB ({p0 / p3:.2f}x less)")
+    ideal = worst(dense, "predicted_model_state_bytes") / worst(zero3, "predicted_model_state_bytes")
+    on_gpu = zero3[0]["mem_kind"] == "cuda"
+    detail = (f"model states per rank {gib(s0):.3f} -> {gib(s3):.3f} GiB ({change(s0, s3)}, predicted "
+              f"{ideal:.2f}x less); peak {gib(p0):.2f} -> {gib(p3):.2f} GiB ({change(p0, p3)}"
+              f"{'' if on_gpu else '; a CPU process peak is mostly the runtime, not judged'})")
     if world == 1:
         return "NOT OBSERVABLE", detail + "; with 1 rank there is nothing to shard across: rehearse N ranks " \
                                           "with `bash run.sh --ranks 4`"
-    states_ok = s3 <= MEMORY_SLACK * s0 / world
-    # a process's peak RSS on a CPU is mostly the runtime itself, so only a GPU's peak is judged
-    peak_ok = zero3[0]["mem_kind"] != "cuda" or p3 < p0
-    return ("PASS" if states_ok and peak_ok else "FAIL"), detail
+    states_ok = s3 <= MEMORY_SLACK * s0 / ideal
+    return ("PASS" if states_ok and (p3 < p0 or not on_gpu) else "FAIL"), detail
 
 
 def loss_falls(records):
@@ -207,6 +225,9 @@ def verdict(runs):
         if records:
             by_stage.setdefault(records[0]["stage"], records)
     dense, zero3 = by_stage.get(0, []), by_stage.get(3, [])
+    differ = [key for key in SAME_IN_BOTH if dense and zero3 and dense[0].get(key) != zero3[0].get(key)]
+    if differ:
+        return [("the two runs are comparable", "FAIL", "they differ in " + ", ".join(differ))], "FAIL"
     checks = [("(a) stage 3 partitions every parameter tensor, stage 0 none", *check_partitioning(dense, zero3))]
     if dense and zero3:
         checks += [("(b) stage 3 holds far less per rank than stage 0", *check_memory(dense, zero3)),

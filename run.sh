@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs the benchmark at stage 0, then stage 3, keeps each stage's log under results/<timestamp>/,
-# and prints the comparison and the verdict (exit 0 only on PASS).
+# and prints the comparison and the verdict (exit 0 on PASS, 1 on FAIL, 3 when one rank can't show it).
 #   bash run.sh [--ranks N] [--stages "0 3"] [train_gpt.py options ...]
 # N defaults to every visible GPU, or 2 CPU processes on a machine without GPUs; RANKS=N works too.
 # More ranks than GPUs share them (a rehearsal: memory per rank is real, speed is not).
 # HOSTFILE=path runs on the nodes of a deepspeed hostfile instead; RESULTS=dir keeps the logs elsewhere.
 set -uo pipefail
+results=$(realpath -m "${RESULTS:-$(dirname "$0")/results}")
 cd "$(dirname "$0")"
 ranks=${RANKS:-} stages="0 3"
 while [ $# -gt 0 ]; do
@@ -14,18 +15,19 @@ while [ $# -gt 0 ]; do
     --ranks=*) ranks=${1#*=}; shift ;;
     --stages) stages=$2; shift 2 ;;
     --stages=*) stages=${1#*=}; shift ;;
+    --stage* | --config*) echo "run.sh: error: $1 is run.sh's to set; use --stages \"0 3\"" >&2; exit 2 ;;
     *) break ;;
   esac
 done
 if [ -n "${HOSTFILE:-}" ]; then
   launcher=(deepspeed --hostfile "$HOSTFILE")
 else
-  gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())') || exit 1
-  [ "$gpus" -gt 0 ] || gpus=2
-  launcher=(deepspeed --num_gpus "${ranks:-$gpus}")
+  read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
+print(torch.cuda.device_count() or 2, s.getsockname()[1])') || exit 1
+  launcher=(deepspeed --num_gpus "${ranks:-$gpus}" --master_port "$port")
 fi
-mkdir -p "${RESULTS:=results}"
-out=$(mktemp -d "$RESULTS/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
+mkdir -p "$results"
+out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
 for stage in $stages; do
   echo "== ${launcher[*]} train_gpt.py --stage $stage $*  (log: $out/stage$stage.log)"
   "${launcher[@]}" train_gpt.py --stage "$stage" "$@" 2>&1 | tee "$out/stage$stage.log"

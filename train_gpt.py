@@ -4,7 +4,8 @@ how much memory the model states take against the ZeRO paper's prediction, the l
 
     deepspeed --num_gpus 4 train_gpt.py --stage 3        # or torchrun, or plain python for one rank
 
-Each rank prints human lines and one `RESULT {json}` line; report.py reads those lines back.
+Rank 0 prints each rank's human lines and one `RESULT {json}` line per rank; report.py reads those back.
+Exit status: 0 done, 1 failed, 2 bad input, 3 out of memory, 4 the loss is not finite.
 """
 import argparse
 import gc
@@ -28,13 +29,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
-from torch._subclasses.fake_tensor import FakeTensor
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.zero.utils import is_zero_param
+from torch._subclasses.fake_tensor import FakeTensor
 
 import report
 
+START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
 # DeepSpeed calls torch.distributed functions that torch has deprecated; the warnings say nothing to a user
 warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
@@ -44,8 +46,9 @@ warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is depre
 
 # name: (layers, heads, d_model, vocab, context, default learning rate); the GPT-3 paper's shapes, plus a
 # byte-level toy for CPUs. The benchmark runs 3 steps with no warm-up, and Adam's first steps move every
-# weight by about lr: on an H200, 1.3b's loss rose at step 2 with lr 1.5e-5 and above and fell at every
-# step with 1e-5 (benchmarks/h200/). The other GPT-3 rates keep the paper's ratios to 1.3b's.
+# weight by about lr: on an H200, 1.3b's loss rose at step 2 with lr 1.5e-5 and above at stage 0, and
+# fell to below 8.4 by step 3 with 1e-5 (benchmarks/h200/). The other GPT-3 rates keep the paper's
+# ratios to 1.3b's and are not measured.
 PRESETS = {
     "tiny": (2, 4, 128, 256, 256, 3e-3),
     "125m": (12, 12, 768, 50257, 1024, 3e-5),
@@ -56,30 +59,29 @@ PRESETS = {
     "6.7b": (32, 32, 4096, 50257, 1024, 6e-6),
 }
 
-# Dense bf16 peak TFLOP/s by device name, for MFU; the first matching key wins, so specific names come first.
+# Dense bf16 peak TFLOP/s by device name, for MFU; the first key found as a whole word wins, so the
+# specific names come first.
 PEAK_TFLOPS = {
     "H100 PCIe": 756, "H100 NVL": 835, "H200 NVL": 835, "H100": 989, "H200": 989, "H800": 989,
-    "GB200": 2500, "B200": 2250, "A100": 312, "A800": 312, "L40S": 362, "A10G": 70, "A10": 125,
+    "GB200": 2500, "B200": 2250, "A100": 312, "A800": 312, "L40S": 362, "L40": 181, "A10G": 70, "A10": 125,
     "L4": 121, "MI300X": 1307, "MI250X": 383,
 }
 
-# Model-state bytes per parameter in the ZeRO paper: 2 + 2 for half-precision weights and gradients, and
-# K = 12 for Adam's fp32 master weights, momentum and variance. In fp32 it is also 16: 4 + 4 + 8.
-ZERO_BYTES_PER_PARAM = 16
-
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+EXIT_FAILED, EXIT_BAD_INPUT, EXIT_OOM, EXIT_NONFINITE = 1, 2, 3, 4
 
 
 def fail(msg):
     """Bad input: one line on stderr, exit status 2, no traceback."""
     if os.environ.get("RANK", "0") == "0":
         print(f"train_gpt.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(EXIT_BAD_INPUT)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="DeepSpeed ZeRO benchmark on a GPT-style model.")
-    p.add_argument("--stage", type=int, choices=[0, 1, 2, 3],
+    p.add_argument("--stage", type=int, choices=[0, 3],
                    help="ZeRO stage; loads ds_config_stage<N>.json beside this script (default 3)")
     p.add_argument("--config", type=Path, help="a DeepSpeed config file instead of ds_config_stage<N>.json")
     p.add_argument("--model", choices=PRESETS, help="model preset (default 1.3b on GPUs, tiny without)")
@@ -111,6 +113,8 @@ def load_ds_config(args):
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if args.stage is not None and stage != args.stage:
         fail(f"config {path} has zero_optimization.stage {stage}, but --stage is {args.stage}")
+    if stage not in (0, 3):
+        fail(f"config {path}: the benchmark measures ZeRO stages 0 and 3, not {stage}")
     if config.get("gradient_accumulation_steps", 1) != 1:
         fail(f"config {path}: the benchmark times one micro batch per step; set gradient_accumulation_steps to 1")
     return path, stage, config
@@ -119,8 +123,7 @@ def load_ds_config(args):
 def resolve(args):
     """Check the arguments and fill in the defaults that depend on the machine and the config."""
     on_gpu = torch.cuda.is_available()
-    path, stage, config = load_ds_config(args)
-    args.config, args.stage = path, stage
+    args.config, args.stage, config = load_ds_config(args)
     args.model = args.model or ("1.3b" if on_gpu else "tiny")
     layers, heads, d_model, vocab, context, lr = PRESETS[args.model]
     args.lr = lr if args.lr is None else args.lr
@@ -214,7 +217,7 @@ class GPT(nn.Module):
         self.checkpoint = checkpoint
         proj_std = 0.02 / math.sqrt(2 * layers)  # GPT-2: scale the residual projections by depth
         # the embedding has a multiple of 64 rows: the output layer's matmul with 50257 rows ran 5.6x slower
-        # on an H200 than with 50304 (benchmarks/h200/env.txt); the extra rows are tokens that never occur
+        # on an H200 than with 50304 (benchmarks/h200/1-first-look/env.txt); extra rows are tokens never seen
         self.wte = Embedding(64 * math.ceil(vocab / 64), d_model)
         self.wpe = Embedding(context, d_model)
         # each block is built explicitly: zero.Init cannot follow modules that deep-copy a layer
@@ -248,8 +251,9 @@ def load_tokens(path, vocab, seq):
         if path.stat().st_size % 2:
             fail(f"--data {path}: not a flat uint16 token file (odd size)")
         tokens = np.memmap(path, dtype=np.uint16, mode="r")
-    if len(tokens) <= seq:
+    if len(tokens) < seq + 1:
         fail(f"the data has {len(tokens)} tokens, fewer than one row of {seq} + 1")
+    # the first 16M tokens only: a corpus can be many GB; a stray id further on fails in the embedding
     if path is not None and int(tokens[: 1 << 24].max()) >= vocab:
         fail(f"--data {path}: token ids reach {int(tokens[: 1 << 24].max())}, outside the vocabulary of {vocab}")
     return tokens
@@ -257,7 +261,7 @@ def load_tokens(path, vocab, seq):
 
 def get_batch(tokens, seed, step, rank, micro_batch, world, seq, device):
     """This rank's rows of the global batch for this step: random windows, the same for any stage."""
-    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - seq - 1, size=world * micro_batch)
+    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - seq, size=world * micro_batch)
     rows = np.stack([tokens[s: s + seq + 1] for s in starts[rank * micro_batch: (rank + 1) * micro_batch]])
     rows = torch.from_numpy(rows.astype(np.int64)).to(device, non_blocking=True)
     return rows[:, :-1], rows[:, 1:]
@@ -284,24 +288,25 @@ def normalise_cuda_arch_list():
 def init_distributed():
     """Join the process group under the deepspeed launcher, torchrun, or plain python (one rank).
     With more ranks on a host than GPUs, the ranks share the GPUs over gloo: a rehearsal, in which each
-    rank's memory is real but speed is not."""
+    rank's memory is real but speed is not. Returns the device, ranks per GPU and GPUs in the job."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    local_rank = int(os.environ["LOCAL_RANK"])
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or os.environ["WORLD_SIZE"])
+    local_rank, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world)
     if torch.cuda.is_available():
-        gpus = torch.cuda.device_count()
-        device = torch.device("cuda", local_rank % gpus)
+        gpus_here = torch.cuda.device_count()
+        device = torch.device("cuda", local_rank % gpus_here)
         torch.cuda.set_device(device)
         os.environ["LOCAL_RANK"] = str(device.index)  # zero.Init and the engine place tensors on LOCAL_RANK
-        ranks_per_gpu = math.ceil(local_size / gpus)
+        ranks_per_gpu = math.ceil(local_size / gpus_here)
+        gpus = world // local_size * min(local_size, gpus_here)
         backend = "gloo" if ranks_per_gpu > 1 else "nccl"  # NCCL refuses two ranks on one GPU
     else:
-        device, ranks_per_gpu, backend = torch.device("cpu"), 1, "gloo"
+        device, ranks_per_gpu, gpus, backend = torch.device("cpu"), 1, world, "gloo"
         torch.set_num_threads(max(1, os.cpu_count() // local_size))
     deepspeed.init_distributed(dist_backend=backend)
-    return device, ranks_per_gpu
+    return device, ranks_per_gpu, gpus
 
 
 def build_model(args, config, device):
@@ -318,7 +323,8 @@ def build_model(args, config, device):
 
 def adamw(model, lr, device):
     """AdamW as in GPT-3, with no weight decay on biases and LayerNorms. torch's fused kernel needs no
-    JIT build, which fails on some images (an arch list of 9.0a breaks DeepSpeed's FusedAdam build)."""
+    JIT build: DeepSpeed's FusedAdam took 42 s to build on an H200, held 4.9 GiB more at stage 0 and was
+    7% faster at micro batch 2 (benchmarks/h200/1-first-look)."""
     params = list(model.parameters())
     decay = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]
     rest = [p for p in params if len(getattr(p, "ds_shape", p.shape)) < 2]
@@ -327,7 +333,7 @@ def adamw(model, lr, device):
 
 
 def build_engine(model, args, config, device):
-    """The config's optimizer if it names one (e.g. DeepSpeedCPUAdam for offload), else torch's AdamW."""
+    """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW."""
     optimizer = None if "optimizer" in config else adamw(model, args.lr, device)
     # ZeRO-3 gathers a whole block's parameters at once, rather than each Linear's: fewer hooks and
     # collectives, 1.3x faster on one H200 at micro batch 2, at the cost of one block (~100 MB) in flight
@@ -342,7 +348,7 @@ def build_engine(model, args, config, device):
 
 def optimizer_name(engine):
     opt = engine.basic_optimizer
-    fused = opt.defaults.get("fused") and " (fused)" or ""
+    fused = " (fused)" if opt.defaults.get("fused") else ""
     return f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}{fused}"
 
 
@@ -356,11 +362,6 @@ def shard_report(model, world):
     (ds_persist) also stays whole on every rank."""
     params = list(model.parameters())
     zero = [p for p in params if is_zero_param(p)]
-    shard_sizes_ok = all(p.ds_tensor.numel() == math.ceil(p.ds_numel / world) for p in zero)
-    held = torch.tensor([sum(p.ds_tensor.numel() for p in zero)], dtype=torch.float64,
-                        device=get_accelerator().current_device_name())
-    dist.all_reduce(held)
-    padding = held.item() - sum(p.ds_numel for p in zero)
     return {
         "param_tensors": len(params),
         "partitioned_tensors": len(zero),
@@ -368,26 +369,32 @@ def shard_report(model, world):
         "params_total": sum(p.ds_numel if is_zero_param(p) else p.numel() for p in params),
         "local_param_elems": sum(p.ds_tensor.numel() if is_zero_param(p) else p.numel() for p in params),
         "persistent_elems": sum(p.ds_numel for p in zero if p.ds_persist),
-        # every shard is ceil(numel / world), and all ranks' shards together cover each tensor, with less
-        # than one element of padding per rank
-        "shard_check_ok": shard_sizes_ok and 0 <= padding < world * max(1, len(zero)),
+        "shard_check_ok": all(p.ds_tensor.numel() == math.ceil(p.ds_numel / world) for p in zero),
     }
 
 
-def local_values(p, rank):
-    """The elements of p this rank is the owner of: its whole tensor, or its shard without the padding."""
+def owned_values(p, rank):
+    """The elements of p that this rank owns, and the place of the first in the whole tensor: all of an
+    unpartitioned tensor, or this rank's shard without its padding."""
     if not is_zero_param(p):
-        return p.data.flatten()
+        return p.data.flatten(), 0
     shard = p.ds_tensor.numel()
-    return p.ds_tensor.flatten()[: max(0, min(shard, p.ds_numel - rank * shard))]
+    return p.ds_tensor.flatten()[: max(0, min(shard, p.ds_numel - rank * shard))], rank * shard
 
 
-def weights_checksum(model, rank, world):
-    """Sum of squares of the whole model's weights, from each rank's own elements. Equal across stages
-    when the shards of all ranks hold exactly the weights that stage 0 holds whole."""
-    partitioned = any(is_zero_param(p) for p in model.parameters())
-    total = sum(local_values(p, rank).double().square().sum() for p in model.parameters())
-    if partitioned:
+def weights_checksum(model, rank):
+    """A sum of every weight of the model, each multiplied by a factor that depends on its tensor and its
+    place in it, from the elements each rank owns. It matches stage 0's only if the shards of all ranks
+    hold stage 0's weights, each in its place."""
+    chunk = 1 << 24  # bounds the fp64 temporaries
+    total = torch.zeros((), dtype=torch.float64, device=get_accelerator().current_device_name())
+    for t, p in enumerate(model.parameters(), 1):
+        values, first = owned_values(p, rank)
+        for i in range(0, values.numel(), chunk):
+            part = values[i: i + chunk].double()
+            place = torch.arange(first + i, first + i + part.numel(), dtype=torch.float64, device=part.device)
+            total += t * (part * (place % 997 + 1)).sum()
+    if any(is_zero_param(p) for p in model.parameters()):
         dist.all_reduce(total)
     return total.item()
 
@@ -410,7 +417,8 @@ def storages(tensors, device):
 def model_state_census(engine, device):
     """Bytes of every live tensor on the device, counted from the tensors themselves and sorted into
     the model states (parameters, gradients, fp32 master weights, optimizer moments) and the rest
-    (communication buckets, buffers). Taken after backward, when gradients and optimizer states coexist."""
+    (communication buckets, buffers). Taken after backward, when gradients and optimizer states coexist.
+    Also counts the partitioned parameters that are still gathered."""
     params = list(engine.module.parameters())
     opt = engine.basic_optimizer
     owners = {
@@ -422,7 +430,9 @@ def model_state_census(engine, device):
         "moments": [t for state in opt.state.values() for t in state.values()],
     }
     gc.collect()
-    live = storages((o for o in gc.get_objects() if torch.is_tensor(o)), device)
+    with warnings.catch_warnings():  # looking at every object touches deprecated torch attributes
+        warnings.simplefilter("ignore")
+        live = storages([o for o in gc.get_objects() if torch.is_tensor(o)], device)
     claimed, census = {}, {}
     for name, tensors in owners.items():
         mine = {k: v for k, v in storages(tensors, device).items() if k not in claimed}
@@ -434,18 +444,28 @@ def model_state_census(engine, device):
 
 
 def predicted_model_state_bytes(stage, shards, dtype):
-    """The ZeRO paper's model states for this rank: 16 bytes per parameter at stage 0, and 16 per element
-    of this rank's shards at stage 3, plus the whole copies of the persistent parameters."""
+    """The ZeRO paper's model states for this rank, for mixed-precision Adam: 2 + 2 bytes per parameter of
+    16-bit weights and gradients, and K = 12 for fp32 master weights, momentum and variance; all on every
+    rank at stage 0, and 1/G of it at stage 3, plus the whole 16-bit copies of persistent parameters.
+    In fp32 there is no separate master copy at stage 0 (4 + 4 + 8), but at stage 3 DeepSpeed 0.19 keeps
+    one anyway (stage3.py compares a tensor's device with a string, so it never reuses the weights): 20."""
+    width = DTYPES[dtype].itemsize
+    per_param = 2 * width + 8 + (4 if width < 4 or stage == 3 else 0)
     if stage == 3:
-        return ZERO_BYTES_PER_PARAM * shards["local_param_elems"] + DTYPES[dtype].itemsize * shards["persistent_elems"]
-    return ZERO_BYTES_PER_PARAM * shards["params_total"]
+        return per_param * shards["local_param_elems"] + width * shards["persistent_elems"]
+    return per_param * shards["params_total"]
 
 
-def peak_tflops(device):
-    if device.type != "cuda":
+def peak_tflops(device, dtype):
+    """The device's dense 16-bit peak; none for a CPU, an unknown device, or fp32, which runs slower."""
+    if device.type != "cuda" or dtype == "fp32":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    return next((v for k, v in PEAK_TFLOPS.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
+
+
+def tflops_per_gpu(flops_per_token, tokens_per_s, gpus):
+    return flops_per_token * tokens_per_s / gpus / 1e12
 
 
 def memory_snapshot(device):
@@ -485,35 +505,34 @@ def train(engine, args, device, rank, world, flops_per_token, peak, result):
         elapsed += time.perf_counter() - t0
         record = {"step": step, "loss": loss.item() / world, "time_s": elapsed, **memory_snapshot(device)}
         result["steps"].append(record)
-        tflops = flops_per_token * tokens_per_step / elapsed / result["gpus"] / 1e12
+        tflops = tflops_per_gpu(flops_per_token, tokens_per_step / elapsed, result["gpus"])
         log(rank, f"step {step}/{args.steps}  loss {record['loss']:.4f}  time {elapsed:.3f}s  "
                   f"mem {report.gib(record['peak_mem_bytes']):.2f} GiB  tok/s {tokens_per_step / elapsed:,.0f}  "
                   f"mfu {report.pct(tflops / peak if peak else None)}")
 
 
 def summarize(result, args, flops_per_token, peak):
-    """Whole-run figures from the per-step records; step 1 (warm-up) is left out of the timings."""
+    """Whole-run figures from the per-step records. Speed is the median over steps 2..N: step 1 pays
+    for allocations, kernel selection and ZeRO-3's first trace."""
     steps = result["steps"]
     step_time = statistics.median([s["time_s"] for s in steps[1:]] or [steps[0]["time_s"]])
     tokens_per_s = result["world_size"] * args.micro_batch * args.seq / step_time
-    tflops = flops_per_token * tokens_per_s / result["gpus"] / 1e12
+    tflops = tflops_per_gpu(flops_per_token, tokens_per_s, result["gpus"])
     losses = [s["loss"] for s in steps]
-    breakdown = result.get("model_state_breakdown", {})
+    breakdown = result["model_state_breakdown"]
     result.update(
         losses=losses, first_loss=losses[0], nonfinite_loss=not all(map(math.isfinite, losses)),
         step_time_s=step_time, tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
         mfu=tflops / peak if peak else None,
         model_state_bytes=sum(v for k, v in breakdown.items() if k != "other"),
-        peak_mem_bytes=max(result["peak_mem_bytes"], *(s["peak_mem_bytes"] for s in steps)),
     )
-    if "peak_reserved_bytes" in result:
-        result["peak_reserved_bytes"] = max(result["peak_reserved_bytes"], *(s["peak_reserved_bytes"] for s in steps))
+    for key in ("peak_mem_bytes", "peak_reserved_bytes"):
+        if key in result:
+            result[key] = max(result[key], *(s[key] for s in steps))
 
 
 # -----------------------------------------------------------------------------
 # report
-
-START = time.perf_counter()
 
 
 def log(rank, msg):
@@ -522,28 +541,33 @@ def log(rank, msg):
 
 
 def human_lines(r):
-    """The original design's lines, one set per rank."""
-    tag, rank = f"[Stage {r['stage']}]", f"Rank {r['rank']}"
+    """What one rank holds, in words; a rank that failed early has fewer figures."""
+    tag, rank, gib = f"[Stage {r['stage']}]", f"Rank {r['rank']}", report.gib
     lines = []
-    if "param_tensors" in r:  # a rank that failed early has no figures yet
+    if "param_tensors" in r:
         lines.append(f"{tag} {rank} - total param tensors: {r['param_tensors']}, sharded param tensors: "
                      f"{r['partitioned_tensors']}, persistent: {r['persistent_tensors']}, local elements: "
-                     f"{r['local_param_elems']:,} of {r['params_total']:,}, shard check: "
-                     f"{'ok' if r['shard_check_ok'] else 'FAILED'}")
-    if r.get("model_state_bytes"):
+                     f"{r['local_param_elems']:,} of {r['params_total']:,}, shard sizes: "
+                     f"{'ok' if r['shard_check_ok'] else 'WRONG'}")
+    if "model_state_bytes" in r:
         b = r["model_state_breakdown"]
-        lines.append(f"{tag} {rank} model states: {report.gib(r['model_state_bytes']):.3f} GiB (params "
-                     f"{report.gib(b['params']):.3f}, grads {report.gib(b['grads']):.3f}, master {report.gib(b['master']):.3f}, "
-                     f"moments {report.gib(b['moments']):.3f}) vs ZeRO prediction {report.gib(r['predicted_model_state_bytes']):.3f} GiB "
+        lines.append(f"{tag} {rank} model states: {gib(r['model_state_bytes']):.3f} GiB (params {gib(b['params']):.3f}, "
+                     f"grads {gib(b['grads']):.3f}, master {gib(b['master']):.3f}, moments {gib(b['moments']):.3f}) "
+                     f"vs ZeRO prediction {gib(r['predicted_model_state_bytes']):.3f} GiB "
                      f"({report.signed_pct(r['model_state_bytes'] / r['predicted_model_state_bytes'] - 1)}); "
-                     f"other resident tensors {report.gib(b['other']):.3f} GiB")
+                     f"other tensors {gib(b['other']):.3f} GiB; partitioned parameters still gathered after "
+                     f"backward: {r['gathered_tensors']}")
     if r["rank"] == 0 and r.get("losses"):
         lines.append(f"{tag} first-step loss: {r['first_loss']:.4f}; losses: " + ", ".join(f"{x:.4f}" for x in r["losses"]))
-    kind = "peak allocated" if r["mem_kind"] == "cuda" else "peak RSS of the process"
-    lines.append(f"{tag} {rank} peak memory: {r['peak_mem_bytes'] / 1e9:.2f} GB ({kind})")
+    if r["mem_kind"] == "cuda":
+        extra = (f"peak allocated; reserved {gib(r.get('peak_reserved_bytes', 0)):.2f}, after init "
+                 f"{gib(r.get('mem_after_init_bytes', 0)):.2f}, device {gib(r.get('device_total_bytes', 0)):.1f} GiB")
+    else:
+        extra = "peak RSS of the process"
+    lines.append(f"{tag} {rank} peak memory: {gib(r['peak_mem_bytes']):.2f} GiB ({extra})")
     if r["oom"]:
         lines.append(f"{tag} {rank} OUT OF MEMORY: {r['error']}")
-    elif r.get("error"):
+    elif r["error"]:
         lines.append(f"{tag} {rank} FAILED: {r['error']}")
     if r.get("nonfinite_loss"):
         lines.append(f"{tag} {rank} WARNING: the loss is not finite: {r['losses']}")
@@ -562,15 +586,13 @@ def emit(result):
 
 def run(args, config, result):
     normalise_cuda_arch_list()
-    device, ranks_per_gpu = init_distributed()
+    device, ranks_per_gpu, gpus = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     result.update(rank=rank, world_size=world, rehearsal=ranks_per_gpu > 1, ranks_per_gpu=ranks_per_gpu,
-                  gpus=max(1, world // ranks_per_gpu) if device.type == "cuda" else world,
-                  device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                  mem_kind="cuda" if device.type == "cuda" else "cpu_rss")
+                  gpus=gpus, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
     if ranks_per_gpu > 1:
-        log(rank, f"REHEARSAL: {world} ranks share {torch.cuda.device_count()} GPU(s) over gloo: "
-                  "each rank's memory is real, its speed is not")
+        log(rank, f"REHEARSAL: {world} ranks share {gpus} GPU(s) over gloo: each rank's memory is real, "
+                  "its speed is not")
     log(rank, f"stage {args.stage}, {world} rank(s), {args.model} model, {args.dtype}, micro batch "
               f"{args.micro_batch} x {args.seq} tokens, config {args.config}")
     model = build_model(args, config, device)
@@ -579,20 +601,19 @@ def run(args, config, result):
     result["optimizer"] = optimizer_name(engine)
     result["ready_s"] = time.perf_counter() - START
     log(rank, f"engine ready; optimizer {result['optimizer']}")
-    result.update(shard_report(engine.module, world))
-    result["weights_checksum"] = weights_checksum(engine.module, rank, world)
-    result["predicted_model_state_bytes"] = predicted_model_state_bytes(args.stage, result, args.dtype)
-    layers, _, d_model = PRESETS[args.model][:3]
-    log(rank, f"{result['params_total']:,} parameters in {result['param_tensors']} tensors")
-    flops_per_token = 6 * result["params_total"] + 12 * layers * d_model * args.seq
-    peak = peak_tflops(device)
     result.update(memory_snapshot(device))
     if device.type == "cuda":
         result["mem_after_init_bytes"] = torch.cuda.memory_allocated(device)
         result["device_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
+    result.update(shard_report(engine.module, world))
+    result["weights_checksum"] = weights_checksum(engine.module, rank)
+    result["predicted_model_state_bytes"] = predicted_model_state_bytes(args.stage, result, args.dtype)
+    log(rank, f"{result['params_total']:,} parameters in {result['param_tensors']} tensors")
+    layers, _, d_model = PRESETS[args.model][:3]
+    flops_per_token = 6 * result["params_total"] + 12 * layers * d_model * args.seq
+    peak = peak_tflops(device, args.dtype)
     train(engine, args, device, rank, world, flops_per_token, peak, result)
     summarize(result, args, flops_per_token, peak)
-    return rank
 
 
 def main(argv=None):
@@ -600,18 +621,19 @@ def main(argv=None):
     config = resolve(args)
     result = {"stage": args.stage, "rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)),
               "model": args.model, "config": str(args.config), "dtype": args.dtype, "micro_batch": args.micro_batch,
-              "seq": args.seq, "lr": args.lr, "seed": args.seed, "steps": [], "oom": False, "error": None,
-              "peak_mem_bytes": 0, "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
+              "seq": args.seq, "lr": args.lr, "seed": args.seed, "checkpoint": args.checkpoint,
+              "compile": args.compile, "steps": [], "oom": False, "error": None, "peak_mem_bytes": 0,
+              "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
     status = 0
     try:
         run(args, config, result)
     except (torch.OutOfMemoryError, MemoryError) as e:
         result.update(oom=True, error=(str(e) or type(e).__name__).splitlines()[0])
-        status = 3
+        status = EXIT_OOM
     except Exception as e:  # noqa: BLE001 -- any failure is reported as a result, with its traceback in the log
         traceback.print_exc()
         result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-        status = 1
+        status = EXIT_FAILED
     if status:
         # a rank that failed reports alone: its peers may be blocked in a collective
         if torch.cuda.is_available():
@@ -625,7 +647,7 @@ def main(argv=None):
                 emit(record)
             print(report.rank_table(everyone), flush=True)
         dist.barrier()  # rank 0 has printed everything before any rank leaves
-        status = 4 if result["nonfinite_loss"] else 0
+        status = EXIT_NONFINITE if result["nonfinite_loss"] else 0
     # Leave without the interpreter's teardown: after ZeRO-3 on gloo it sometimes aborts the process
     # ("terminate called without an active exception") after all work is done. A failed rank's peers may
     # be blocked in a collective; the launcher ends them when it sees the failure's exit status.

@@ -49,7 +49,7 @@ def main():
         dist.init_process_group("nccl" if world <= torch.cuda.device_count() else "gloo")
     layers, _, d_model, vocab, seq, lr = train_gpt.PRESETS[args.model]
     model = build(args.mode, args.model, device, args.checkpoint)
-    params_total = sum(p.numel() for p in model.parameters()) * (world if args.mode == "fsdp2" else 1)
+    params_total = sum(p.numel() for p in model.parameters())  # an FSDP2 DTensor's numel is the global size
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
     tokens = train_gpt.load_tokens(None, vocab, seq)
     times, losses = [], []
@@ -69,7 +69,7 @@ def main():
     step_time = sorted(times[1:])[len(times[1:]) // 2]
     tokens_per_s = world * args.micro_batch * seq / step_time
     tflops = (6 * params_total + 12 * layers * d_model * seq) * tokens_per_s / world / 1e12
-    peak = train_gpt.peak_tflops(device)
+    peak = train_gpt.peak_tflops(device, "bf16")
     result = {"mode": args.mode, "model": args.model, "world_size": world, "micro_batch": args.micro_batch,
               "checkpoint": args.checkpoint, "params_total": params_total, "losses": losses,
               "step_time_s": step_time, "tokens_per_s": tokens_per_s, "tflops_per_gpu": tflops,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md, in groups that fit one device call each:
-#   bash benchmarks/h200_suite.sh OUT_DIR env|verdicts|rehearsal|mfu|baselines ...
+#   bash benchmarks/h200_suite.sh OUT_DIR GROUP ...
+# GROUP: env verdicts rehearsal checkpoint lr stage3 mfu fusedadam compile baselines
 # Every run's log lands under OUT_DIR; nothing here is parsed by grep, report.py reads the RESULT lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,7 @@ for group in "$@"; do
       { nvidia-smi; python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'deepspeed', deepspeed.__version__)"
         echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}"; nproc; free -g; } > "$out/env.txt" 2>&1
       python3 benchmarks/vocab_probe.py >> "$out/env.txt" 2>&1 ;;
-    verdicts)  # the two commands of issue 3, timed
+    verdicts)  # run.sh on one GPU, and rehearsing 4 ranks on it, timed
       { time timeout 280 bash run.sh; } > "$out/run_1gpu.txt" 2>&1; echo "run.sh: exit $?"
       { time timeout 280 bash run.sh --ranks 4; } > "$out/run_4ranks.txt" 2>&1; echo "run.sh --ranks 4: exit $?" ;;
     rehearsal)  # N ranks sharing the one GPU
@@ -22,14 +23,12 @@ for group in "$@"; do
     lr)  # the learning rate that makes the loss fall at each of the first 3 steps
       for lr in 1e-5 1.5e-5 2e-5; do ds "lr${lr}_s0_mb2" --stage 0 --lr $lr; done
       for lr in 1e-5 2e-5; do ds "lr${lr}_s0_mb8" --stage 0 --lr $lr --micro-batch 8; done ;;
-    stage3)  # ZeRO-3's per-module overhead on one rank, with and without gathering a block at once
-      for mb in 2 16; do
-        ds "s3_mb${mb}" --stage 3 --micro-batch $mb --steps 6
-        ds "s3_blocks_mb${mb}" --stage 3 --micro-batch $mb --steps 6 --gather-per-block
-      done ;;
+    stage3)  # ZeRO-3 on one rank (commit 144abf2 also ran each with and without --gather-per-block,
+             # since made the default and removed)
+      for mb in 2 16; do ds "s3_mb${mb}" --stage 3 --micro-batch $mb --steps 6; done ;;
     mfu)  # micro batch sweep, one rank
       for mb in 16 32; do ds "mfu_s0_mb${mb}" --stage 0 --micro-batch $mb --steps 6; done
-      ds "mfu_s3_blocks_mb32" --stage 3 --micro-batch 32 --steps 6 --gather-per-block ;;
+      ds "mfu_s3_mb32" --stage 3 --micro-batch 32 --steps 6 ;;
     checkpoint)  # the 4-rank rehearsal with activation checkpointing, and fp32 trajectories at both stages
       { time timeout 200 bash run.sh --ranks 4 --checkpoint; } > "$out/run_4ranks_checkpoint.txt" 2>&1; echo "run.sh --ranks 4 --checkpoint: exit $?"
       for st in 0 3; do ds "fp32_s$st" --stage $st --dtype fp32; done ;;

@@ -1,6 +1,8 @@
 """Shared launches: each costs seconds of start-up on a CPU, so each runs once per test session and
 the tests read its logs."""
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import report  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(cmd, env=None, log=None):
@@ -46,7 +54,7 @@ def stage3(run_sh):
 def stage3_torchrun_3_ranks(tmp_path_factory):
     """Stage 3 under torchrun with an odd world size, where shards need padding."""
     log = tmp_path_factory.mktemp("torchrun") / "stage3.log"
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", "29531",
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(free_port()),
                 "train_gpt.py", "--stage", "3", "--model", "tiny"], log=log)
     return SimpleNamespace(proc=proc, records=report.read_results(log))
 
@@ -58,3 +66,26 @@ def single_process(tmp_path_factory):
     procs = {stage: run([sys.executable, "train_gpt.py", "--stage", str(stage)], log=folder / f"stage{stage}.log")
              for stage in (0, 3)}
     return SimpleNamespace(procs=procs, folder=folder, runs=report.load_runs(folder))
+
+
+@pytest.fixture(scope="session")
+def fp32(tmp_path_factory):
+    """Both stages in fp32 on 2 ranks, where the two should follow the same trajectory to rounding."""
+    folder = tmp_path_factory.mktemp("fp32")
+    procs = {stage: run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
+                         "--stage", str(stage), "--dtype", "fp32"], log=folder / f"stage{stage}.log")
+             for stage in (0, 3)}
+    return SimpleNamespace(procs=procs, folder=folder, runs=report.load_runs(folder))
+
+
+@pytest.fixture(scope="session")
+def failing_config(tmp_path_factory):
+    """A launch whose DeepSpeed config DeepSpeed itself rejects, after the process group has started."""
+    folder = tmp_path_factory.mktemp("failing")
+    config = json.loads((ROOT / "ds_config_stage3.json").read_text())
+    config["train_batch_size"] = 999  # not micro batch x ranks
+    (folder / "bad.json").write_text(json.dumps(config))
+    log = folder / "stage3.log"
+    proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
+                "--config", str(folder / "bad.json")], log=log)
+    return SimpleNamespace(proc=proc, records=report.read_results(log))

@@ -8,6 +8,7 @@ from conftest import ROOT
 
 CASES = {
     "unknown stage": (["--stage", "5"], "invalid choice: 5"),
+    "a stage the benchmark does not measure": (["--config", "tests/stage1.json"], "measures ZeRO stages 0 and 3, not 1"),
     "unknown preset": (["--model", "13b"], "invalid choice: '13b'"),
     "missing config": (["--config", "no/such.json"], "config not found: no/such.json"),
     "invalid json": (["--config", "run.sh"], "is not valid JSON"),

@@ -1,5 +1,4 @@
 """run.sh end to end, and the verdict that report.py draws from the logs."""
-import copy
 import json
 
 import report
@@ -33,12 +32,16 @@ def test_each_rank_prints_the_original_design_lines(stage3, run_sh):
     assert "[Stage 3] first-step loss:" in log
 
 
+# what train_gpt.py's main() records before anything can fail
+EARLY_KEYS = ("stage", "rank", "world_size", "model", "config", "dtype", "micro_batch", "seq", "lr", "seed",
+              "checkpoint", "compile", "steps", "oom", "error", "peak_mem_bytes", "mem_kind")
+
+
 def oom_log(records):
-    """A stage-0 log as a GPU run that ran out of memory leaves it: one rank's OOM record, no losses."""
-    record = copy.deepcopy(records[0])
-    record.update(oom=True, error="CUDA out of memory. Tried to allocate 2.00 GiB", steps=[])
-    for key in ("losses", "first_loss", "model_state_bytes", "model_state_breakdown", "tokens_per_s"):
-        record.pop(key)
+    """A log as a GPU run leaves it when one rank runs out of memory while building the model: that
+    rank's record with only what main() sets up front, and no record from its peers, which the launcher ends."""
+    record = {key: records[0][key] for key in EARLY_KEYS}
+    record.update(oom=True, error="CUDA out of memory. Tried to allocate 2.00 GiB", steps=[], peak_mem_bytes=0)
     return "Traceback (most recent call last):\nRESULT " + json.dumps(record) + "\n"
 
 
@@ -78,3 +81,10 @@ def test_one_rank_cannot_show_sharding_and_says_so(single_process, capsys):
     out = capsys.readouterr().out
     assert "NOT OBSERVABLE" in out and "with 1 rank there is nothing to shard across" in out
     assert "VERDICT: NOT OBSERVABLE" in out
+
+
+def test_report_fails_runs_that_are_not_comparable(run_sh, tmp_path, capsys):
+    (tmp_path / "stage0.log").write_text((run_sh.folder / "stage0.log").read_text())
+    (tmp_path / "stage3.log").write_text((run_sh.folder / "stage3.log").read_text().replace('"micro_batch": 2', '"micro_batch": 4'))
+    assert report.main([str(tmp_path)]) == 1
+    assert "they differ in micro_batch" in capsys.readouterr().out

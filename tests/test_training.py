@@ -1,4 +1,5 @@
 """Losses, speed and failure reports."""
+import json
 import math
 import subprocess
 import sys
@@ -43,3 +44,39 @@ def test_non_finite_loss_is_flagged_with_exit_status_4(tmp_path):
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert "the loss is not finite" in proc.stdout
     assert '"nonfinite_loss": true' in proc.stdout
+
+
+def test_in_fp32_both_stages_follow_the_same_trajectory(fp32):
+    for proc in fp32.procs.values():
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    dense, zero3 = fp32.runs["stage0"][0]["losses"], fp32.runs["stage3"][0]["losses"]
+    assert zero3 == pytest.approx(dense, rel=1e-4)
+
+
+def test_in_fp32_stage3_keeps_a_separate_master_copy_and_the_verdict_knows(fp32, capsys):
+    import report
+    r = fp32.runs["stage3"][0]
+    assert r["model_state_breakdown"]["master"] == pytest.approx(r["model_state_breakdown"]["params"], rel=0.02)
+    assert r["model_state_bytes"] == pytest.approx(r["predicted_model_state_bytes"], rel=0.05)
+    assert report.main([str(fp32.folder)]) == 0
+    assert "VERDICT: PASS" in capsys.readouterr().out
+
+
+def test_a_failing_rank_reports_its_error_as_a_result(failing_config):
+    assert failing_config.proc.returncode == 1
+    assert len(failing_config.records) >= 1
+    for r in failing_config.records:
+        assert r["error"] and not r["oom"]
+        assert "param_tensors" not in r  # it failed before counting anything
+    assert "FAILED:" in failing_config.proc.stdout
+
+
+def test_a_token_file_trains(tmp_path):
+    data = tmp_path / "tokens.bin"
+    # exactly one row of the tiny model's 256 tokens + 1, as uint16 ids
+    data.write_bytes(b"".join((65 + i % 26).to_bytes(2, "little") for i in range(257)))
+    proc = subprocess.run([sys.executable, "train_gpt.py", "--stage", "0", "--data", str(data)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [record] = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert record["losses"][-1] < record["losses"][0]
