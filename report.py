@@ -24,6 +24,11 @@ def gib(nbytes):
     return nbytes / 2**30
 
 
+def size(nbytes):
+    """Bytes in GiB, or in MiB below one GiB, so that a toy model's figures still show."""
+    return f"{gib(nbytes):.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def pct(x):
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
@@ -87,27 +92,25 @@ def format_table(rows):
 
 
 def fmt(value, spec):
-    return "-" if value is None else format(value, spec)
+    """A figure, or '-' where nothing was measured; spec 'bytes' gives GiB or MiB."""
+    if value is None:
+        return "-"
+    return size(value) if spec == "bytes" else format(value, spec)
 
 
 def rank_table(records):
     """One row per rank of one run: what it partitioned and what it holds."""
-    rows = [("rank", "partitioned/total", "local elems", "model states GiB", "predicted GiB", "diff",
-             "other GiB", "peak GiB", "status")]
+    rows = [("rank", "partitioned/total", "local elems", "model states", "predicted", "diff", "other tensors",
+             "peak", "status")]
     for r in records:
         measured, predicted = r.get("model_state_bytes"), r.get("predicted_model_state_bytes")
         rows.append((r["rank"], f"{r.get('partitioned_tensors', '-')}/{r.get('param_tensors', '-')}",
-                     fmt(r.get("local_param_elems"), ","), fmt(gib_or_none(measured), ".3f"),
-                     fmt(gib_or_none(predicted), ".3f"),
+                     fmt(r.get("local_param_elems"), ","), fmt(measured or None, "bytes"),
+                     fmt(predicted or None, "bytes"),
                      signed_pct(measured / predicted - 1) if measured and predicted else "-",
-                     fmt(gib_or_none(other_bytes([r])), ".3f"),
-                     fmt(gib_or_none(r["peak_mem_bytes"]), ".2f"), "OOM" if r["oom"] else "error" if r["error"] else "ok"))
+                     fmt(other_bytes([r]), "bytes"), fmt(r["peak_mem_bytes"] or None, "bytes"),
+                     "OOM" if r["oom"] else "error" if r["error"] else "ok"))
     return format_table(rows)
-
-
-def gib_or_none(nbytes):
-    """GiB, or None where nothing was measured."""
-    return gib(nbytes) if nbytes else None
 
 
 def first(records, key):
@@ -124,10 +127,10 @@ COMPARISON = [
     ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d", False),
     ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", False),
     ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True),
-    ("model states GiB", lambda rs: gib_or_none(worst(rs, "model_state_bytes")), ".3f", True),
-    ("predicted GiB", lambda rs: gib_or_none(worst(rs, "predicted_model_state_bytes")), ".3f", True),
-    ("other tensors GiB", lambda rs: gib_or_none(other_bytes(rs)), ".3f", True),
-    ("peak GiB", lambda rs: gib_or_none(worst(rs, "peak_mem_bytes")), ".2f", True),
+    ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True),
+    ("predicted", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True),
+    ("other tensors", other_bytes, "bytes", False),
+    ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True),
     ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False),
     ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False),
     ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", True),
@@ -189,8 +192,8 @@ def check_memory(dense, zero3):
     p0, p3 = worst(dense, "peak_mem_bytes"), worst(zero3, "peak_mem_bytes")
     ideal = worst(dense, "predicted_model_state_bytes") / worst(zero3, "predicted_model_state_bytes")
     on_gpu = zero3[0]["mem_kind"] == "cuda"
-    detail = (f"model states per rank {gib(s0):.3f} -> {gib(s3):.3f} GiB ({change(s0, s3)}, predicted "
-              f"{ideal:.2f}x less); peak {gib(p0):.2f} -> {gib(p3):.2f} GiB ({change(p0, p3)}"
+    detail = (f"model states per rank {size(s0)} -> {size(s3)} ({change(s0, s3)}, predicted "
+              f"{ideal:.2f}x less); peak {size(p0)} -> {size(p3)} ({change(p0, p3)}"
               f"{'' if on_gpu else '; a CPU process peak is mostly the runtime, not judged'})")
     if world == 1:
         return "NOT OBSERVABLE", detail + "; with 1 rank there is nothing to shard across: rehearse N ranks " \

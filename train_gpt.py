@@ -550,13 +550,13 @@ def human_lines(r):
                      f"{r['local_param_elems']:,} of {r['params_total']:,}, shard sizes: "
                      f"{'ok' if r['shard_check_ok'] else 'WRONG'}")
     if "model_state_bytes" in r:
-        b = r["model_state_breakdown"]
-        lines.append(f"{tag} {rank} model states: {gib(r['model_state_bytes']):.3f} GiB (params {gib(b['params']):.3f}, "
-                     f"grads {gib(b['grads']):.3f}, master {gib(b['master']):.3f}, moments {gib(b['moments']):.3f}) "
-                     f"vs ZeRO prediction {gib(r['predicted_model_state_bytes']):.3f} GiB "
+        b, size = r["model_state_breakdown"], report.size
+        lines.append(f"{tag} {rank} model states: {size(r['model_state_bytes'])} (params {size(b['params'])}, "
+                     f"grads {size(b['grads'])}, master {size(b['master'])}, moments {size(b['moments'])}) vs ZeRO "
+                     f"prediction {size(r['predicted_model_state_bytes'])} "
                      f"({report.signed_pct(r['model_state_bytes'] / r['predicted_model_state_bytes'] - 1)}); "
-                     f"other tensors {gib(b['other']):.3f} GiB; partitioned parameters still gathered after "
-                     f"backward: {r['gathered_tensors']}")
+                     f"other tensors {size(b['other'])}; partitioned parameters still gathered after backward: "
+                     f"{r['gathered_tensors']}")
     if r["rank"] == 0 and r.get("losses"):
         lines.append(f"{tag} first-step loss: {r['first_loss']:.4f}; losses: " + ", ".join(f"{x:.4f}" for x in r["losses"]))
     if r["mem_kind"] == "cuda":

@@ -18,7 +18,7 @@ def test_run_sh_keeps_both_logs(run_sh):
 
 def test_run_sh_prints_one_comparison_table(run_sh):
     out = run_sh.proc.stdout
-    for row in ("partitioned tensors", "local params", "model states GiB", "predicted GiB", "peak GiB",
+    for row in ("partitioned tensors", "local params", "model states", "predicted", "peak memory",
                 "first loss", "last loss", "tokens/s"):
         assert row in out
 
