@@ -1,13 +1,17 @@
 """
-Reads the RESULT lines that train_gpt.py leaves in a run's logs and compares the ZeRO stages:
-one table and a verdict on the benchmark's three criteria.
+Reads the RESULT lines that train_gpt.py leaves in a run's logs, compares the ZeRO stages, and keeps a
+record of the run:
 
-    python report.py results/<timestamp>      # exit 0 on PASS, 1 on FAIL, 3 when not observable
+    python report.py results/<timestamp>           # table, verdict; writes summary.json, summary.md, memory.png
+    python report.py --compare results/A results/B [--tolerance 5]   # what moved; exit 1 on a regression
 
-Needs only the standard library, so it runs anywhere the logs are.
+The verdict exits 0 on PASS, 1 on FAIL, 3 when it is not observable (one rank). Only the standard library
+is needed; matplotlib, if installed, draws the plot.
 """
+import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +22,7 @@ MEMORY_SLACK = 1.25
 SAME_IN_BOTH = ("model", "world_size", "micro_batch", "seq", "dtype", "seed")
 # Both stages start from the same weights and data, so their first losses differ only by rounding.
 FIRST_LOSS_RTOL = 0.01
+EXIT_CODES = {"PASS": 0, "FAIL": 1, "NOT OBSERVABLE": 3}
 
 
 def gib(nbytes):
@@ -37,12 +42,22 @@ def signed_pct(x):
     return f"{100 * x:+.1f}%"
 
 
+# -----------------------------------------------------------------------------
+# reading the logs
+
+
 def read_results(log):
     """The RESULT records of one log, one per rank that reported, by rank."""
     # the launcher may put a host name before the line
     records = [json.loads(line.partition("RESULT ")[2]) for line in Path(log).read_text(errors="replace").splitlines()
                if "RESULT {" in line]
     return sorted(records, key=lambda r: r["rank"])
+
+
+def read_command(log):
+    """The launch command that run.sh writes as a log's first line."""
+    first = Path(log).read_text(errors="replace").partition("\n")[0]
+    return first.partition("COMMAND ")[2] or None
 
 
 def load_runs(folder):
@@ -68,6 +83,14 @@ def worst(records, key):
     return max(values) if values else None
 
 
+def first(records, key):
+    return records[0].get(key) if records else None
+
+
+def other_bytes(records):
+    return max((r["model_state_breakdown"]["other"] for r in records if "model_state_breakdown" in r), default=None)
+
+
 def status(records):
     if not records:
         return "no result"
@@ -88,7 +111,7 @@ def format_table(rows):
     lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def fmt(value, spec):
@@ -111,14 +134,6 @@ def rank_table(records):
                      fmt(other_bytes([r]), "bytes"), fmt(r["peak_mem_bytes"] or None, "bytes"),
                      "OOM" if r["oom"] else "error" if r["error"] else "ok"))
     return format_table(rows)
-
-
-def first(records, key):
-    return records[0].get(key) if records else None
-
-
-def other_bytes(records):
-    return max((r["model_state_breakdown"]["other"] for r in records if "model_state_breakdown" in r), default=None)
 
 
 # the comparison's rows: label, the figure of one run, its format, and whether a ratio of two runs means anything
@@ -161,7 +176,6 @@ def check_partitioning(dense, zero3):
         return "FAIL", "stage 3 reported no partitioning"
     whole = all(r["partitioned_tensors"] == r["param_tensors"] > 0 and r["shard_check_ok"] for r in counted)
     # stage 0 may have run out of memory before it counted anything; what it did count must be nothing
-    none = all(r["partitioned_tensors"] == 0 for r in dense if "partitioned_tensors" in r)
     counted0 = [r["partitioned_tensors"] for r in dense if "partitioned_tensors" in r]
     detail = (f"stage 3 partitions {counted[0]['partitioned_tensors']}/{counted[0]['param_tensors']} tensors "
               f"(shards checked: {'ok' if all(r['shard_check_ok'] for r in counted) else 'WRONG SIZES'}), "
@@ -173,7 +187,7 @@ def check_partitioning(dense, zero3):
         detail += f"; the shards hold {'exactly' if same_weights else 'NOT'} stage 0's initial weights (checksum)"
     if counted[0]["world_size"] == 1:
         detail += "; with 1 rank each shard is the whole tensor"
-    return ("PASS" if whole and none and same_weights else "FAIL"), detail
+    return ("PASS" if whole and not any(counted0) and same_weights else "FAIL"), detail
 
 
 def change(before, after):
@@ -221,45 +235,219 @@ def check_loss(dense, zero3):
     return ("PASS" if ok else "FAIL"), detail
 
 
-def verdict(runs):
-    """[(criterion, status, detail)] and the overall status, for the first stage-0 and stage-3 runs."""
-    by_stage = {}
+def pairs(runs):
+    """{world size: (stage-0 records, stage-3 records)}, the first runs of each stage at each world size."""
+    found = {}
     for records in runs.values():
-        if records:
-            by_stage.setdefault(records[0]["stage"], records)
-    dense, zero3 = by_stage.get(0, []), by_stage.get(3, [])
-    differ = [key for key in SAME_IN_BOTH if dense and zero3 and dense[0].get(key) != zero3[0].get(key)]
+        if records and records[0]["stage"] in (0, 3):
+            dense, zero3 = found.setdefault(records[0]["world_size"], ([], []))
+            chosen = dense if records[0]["stage"] == 0 else zero3
+            if not chosen:
+                chosen.extend(records)
+    return found
+
+
+def check_pair(dense, zero3):
+    """[(criterion, status, detail)] for one stage-0 run against one stage-3 run."""
+    if not dense or not zero3:
+        return [("both stages ran", "FAIL", f"no stage-{0 if not dense else 3} run with this number of ranks")]
+    differ = [key for key in SAME_IN_BOTH if dense[0].get(key) != zero3[0].get(key)]
     if differ:
-        return [("the two runs are comparable", "FAIL", "they differ in " + ", ".join(differ))], "FAIL"
-    checks = [("(a) stage 3 partitions every parameter tensor, stage 0 none", *check_partitioning(dense, zero3))]
-    if dense and zero3:
-        checks += [("(b) stage 3 holds far less per rank than stage 0", *check_memory(dense, zero3)),
-                   ("(c) the loss falls at both stages", *check_loss(dense, zero3))]
-    states = {s for _, s, _ in checks}
-    overall = "FAIL" if "FAIL" in states else "NOT OBSERVABLE" if "NOT OBSERVABLE" in states else "PASS"
-    return checks, overall
+        return [("the two runs are comparable", "FAIL", "they differ in " + ", ".join(differ))]
+    return [("(a) stage 3 partitions every parameter tensor, stage 0 none", *check_partitioning(dense, zero3)),
+            ("(b) stage 3 holds far less per rank than stage 0", *check_memory(dense, zero3)),
+            ("(c) the loss falls at both stages", *check_loss(dense, zero3))]
 
 
-EXIT_CODES = {"PASS": 0, "FAIL": 1, "NOT OBSERVABLE": 3}
+def verdict(runs):
+    """{world size: checks} and the overall status: FAIL if any check fails, PASS if some world size
+    passes and the rest pass or cannot show it (one rank), NOT OBSERVABLE otherwise."""
+    checks = {world: check_pair(*pair) for world, pair in sorted(pairs(runs).items())}
+    states = {state for rows in checks.values() for _, state, _ in rows}
+    if "FAIL" in states or not checks:
+        return checks, "FAIL"
+    return checks, "PASS" if any(all(s == "PASS" for _, s, _ in rows) for rows in checks.values()) else "NOT OBSERVABLE"
+
+
+def verdict_lines(checks):
+    lines = []
+    for world, rows in checks.items():
+        if len(checks) > 1:
+            lines.append(f"{world} rank(s):")
+        lines += [f"{state:>14}  {name}: {detail}" for name, state, detail in rows]
+    return lines
+
+
+# -----------------------------------------------------------------------------
+# the record of a run: summary.json, summary.md, memory.png
+
+
+def environment(runs):
+    """The software and machines of a run, from the ranks' records."""
+    records = [r for rs in runs.values() for r in rs if "env" in r]
+    if not records:
+        return {}
+    env = {k: v for k, v in records[0]["env"].items() if k != "host"}
+    env["hosts"] = sorted({r["env"]["host"] for r in records})
+    env["gpus"] = max(r["gpus"] for r in records) if records[0]["mem_kind"] == "cuda" else 0
+    return env
+
+
+def summary(folder, runs, checks, overall):
+    return {
+        "folder": str(folder),
+        "command": os.environ.get("RUN_COMMAND"),
+        "commands": {name: read_command(Path(folder) / f"{name}.log") for name in runs},
+        "environment": environment(runs),
+        "verdict": overall,
+        "checks": {str(world): [{"criterion": n, "status": s, "detail": d} for n, s, d in rows]
+                   for world, rows in checks.items()},
+        "results": runs,
+    }
+
+
+def summary_markdown(record, runs):
+    env = record["environment"]
+    lines = [f"# ZeRO benchmark: {record['verdict']}", "", f"`{record['command'] or 'python report.py ' + record['folder']}`", ""]
+    if env:
+        lines += ["| | |", "|---|---|"] + [f"| {k} | {', '.join(map(str, v)) if isinstance(v, list) else v} |"
+                                            for k, v in env.items()] + [""]
+    lines += ["## Commands", ""] + [f"- {name}: `{cmd}`" for name, cmd in record["commands"].items() if cmd] + [""]
+    lines += ["## Comparison", "", "```", comparison_table(runs), "```", "", "## Verdict", "", "```",
+              *verdict_lines({int(w): [(c["criterion"], c["status"], c["detail"]) for c in rows]
+                              for w, rows in record["checks"].items()}), "```", ""]
+    for name, records in runs.items():
+        if records:
+            lines += [f"## {name}: each rank", "", "```", rank_table(records), "```", ""]
+    return "\n".join(lines)
+
+
+def plot(folder, runs):
+    """memory.png: per run and rank, the measured peak, the measured model states and the predicted ones;
+    with several world sizes, also the most any rank holds against the number of ranks, beside the ideal 1/G.
+    Returns a line that says what was drawn, or why not."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "memory.png skipped: matplotlib is not installed (pip install matplotlib)"
+    worlds = pairs(runs)
+    bars = [(f"{name}, rank {r['rank']}" + (" (OOM)" if r["oom"] else " (failed)" if r["error"] else ""), r)
+            for name, records in runs.items() for r in records]
+    fig, axes = plt.subplots(1, 2 if len(worlds) > 1 else 1, squeeze=False,
+                             figsize=(15 if len(worlds) > 1 else 9, max(4.0, 1.5 + 0.32 * len(bars))))
+    ax, height = axes[0][0], 0.27
+    for i, (label, key) in enumerate([("measured peak", "peak_mem_bytes"), ("measured model states", "model_state_bytes"),
+                                      ("predicted model states", "predicted_model_state_bytes")]):
+        ax.barh([y + (i - 1) * height for y in range(len(bars))], [gib(r.get(key) or 0) for _, r in bars], height,
+                label=label)
+    ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
+    ax.invert_yaxis()
+    values = [gib(r[k]) for _, r in bars for k in ("peak_mem_bytes", "model_state_bytes") if r.get(k)]
+    if values and max(values) > 100 * min(values):  # a toy model's states beside a process's runtime
+        ax.set_xscale("log")
+    ax.set_xlabel("GiB per rank")
+    ax.set_title("Memory per rank")
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower left", ncol=3, fontsize=9)
+    if len(worlds) > 1:
+        ax = axes[0][1]
+        sizes = sorted(worlds)
+        base = next((worst(worlds[g][0], "model_state_bytes") for g in sizes if worst(worlds[g][0], "model_state_bytes")), None)
+        if base:
+            ax.plot(sizes, [gib(base) / g for g in sizes], ":", color="gray", linewidth=3, label="ideal: stage 0 model states / G")
+        lines = [(0, "model_state_bytes", "s--"), (3, "model_state_bytes", "o-")]
+        if worlds[sizes[-1]][1] and worlds[sizes[-1]][1][0]["mem_kind"] == "cuda":  # a CPU's peak RSS is the runtime
+            lines.append((3, "peak_mem_bytes", "^-"))
+        for stage, key, style in lines:
+            points = [(g, gib(worst(worlds[g][stage == 3], key))) for g in sizes if worst(worlds[g][stage == 3], key)]
+            if points:
+                ax.plot(*zip(*points), style, label=f"stage {stage} {'model states' if 'state' in key else 'peak'}")
+        for g in sizes:
+            if oom(worlds[g][0]):
+                ax.annotate("stage 0: OOM", (g, gib(base or 0)), ha="right", va="bottom", color="red", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(g) for g in sizes])
+        ax.set_xlabel("ranks (G)")
+        ax.set_ylabel("GiB per rank (the most any rank holds)")
+        ax.set_title("Memory per rank against the number of ranks")
+        ax.legend(fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 + 0.4 / fig.get_figheight(), 1, 1))  # room for the legend below
+    fig.savefig(Path(folder) / "memory.png", dpi=110)
+    plt.close(fig)
+    return f"memory.png written to {folder}"
+
+
+def write_record(folder, runs, checks, overall):
+    record = summary(folder, runs, checks, overall)
+    Path(folder, "summary.json").write_text(json.dumps(record, indent=1))
+    Path(folder, "summary.md").write_text(summary_markdown(record, runs))
+    return plot(folder, runs)
+
+
+# -----------------------------------------------------------------------------
+# comparing two runs
+
+
+# figure: (how to get it from a run's records, what a regression is: a rise or a fall, its format)
+TRACKED = {
+    "peak memory": (lambda rs: worst(rs, "peak_mem_bytes") or None, "rise", "bytes"),
+    "model states": (lambda rs: worst(rs, "model_state_bytes"), "rise", "bytes"),
+    "tokens/s": (lambda rs: first(rs, "tokens_per_s"), "fall", ",.0f"),
+    "MFU": (lambda rs: first(rs, "mfu"), "fall", ".1%"),
+    "first loss": (lambda rs: first(rs, "first_loss"), None, ".4f"),
+    "last loss": (lambda rs: (first(rs, "losses") or [None])[-1], None, ".4f"),
+}
+
+
+def compare(a, b, tolerance):
+    """Print what moved between two results folders, run by run; return 1 if memory or speed regressed
+    by more than tolerance percent (or a run stopped finishing), else 0."""
+    runs_a, runs_b = load_runs(a), load_runs(b)
+    rows, regressed = [("run", "figure", "A", "B", "change", "")], []
+    for name in [n for n in runs_a if n in runs_b]:
+        if status(runs_a[name]).startswith("ok") and not status(runs_b[name]).startswith("ok"):
+            regressed.append(f"{name} no longer finishes ({status(runs_b[name])})")
+        for figure, (get, bad, spec) in TRACKED.items():
+            before, after = get(runs_a[name]), get(runs_b[name])
+            if not before or after is None:
+                continue
+            moved = after / before - 1
+            worse = bad == "rise" and moved > tolerance / 100 or bad == "fall" and moved < -tolerance / 100
+            if worse:
+                regressed.append(f"{name} {figure} {signed_pct(moved)}")
+            rows.append((name, figure, fmt(before, spec), fmt(after, spec), signed_pct(moved), "REGRESSED" if worse else ""))
+    print(format_table(rows))
+    only = sorted(set(runs_a) ^ set(runs_b))
+    if only:
+        print(f"\nin one folder only: {', '.join(only)}")
+    print(f"\n{len(regressed)} regression(s) beyond {tolerance}%" + (": " + "; ".join(regressed) if regressed else ""))
+    return 1 if regressed else 0
+
+
+# -----------------------------------------------------------------------------
+# main
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or not Path(argv[0]).is_dir():
-        print("usage: python report.py RESULTS_FOLDER", file=sys.stderr)
-        return 2
-    runs = load_runs(argv[0])
-    if not runs:
-        print(f"report.py: error: no logs in {argv[0]}", file=sys.stderr)
-        return 2
+    p = argparse.ArgumentParser(description="Compare the ZeRO stages of a run, or compare two runs.")
+    p.add_argument("folder", nargs="?", type=Path, help="a results folder of run.sh")
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="two results folders, A before B")
+    p.add_argument("--tolerance", type=float, default=5.0, help="percent a figure may worsen in --compare (default 5)")
+    args = p.parse_args(argv)
+    for folder in args.compare or [args.folder]:
+        if folder is None or not folder.is_dir() or not any(folder.glob("*.log")):
+            print(f"report.py: error: {folder} is not a results folder with logs", file=sys.stderr)
+            return 2
+    if args.compare:
+        return compare(*args.compare, args.tolerance)
+    runs = load_runs(args.folder)
     print(comparison_table(runs))
     if any(r.get("rehearsal") for rs in runs.values() for r in rs):
         print("\nREHEARSAL: several ranks shared each GPU over gloo; per-rank memory is real, speed is not.")
     checks, overall = verdict(runs)
-    print()
-    for name, state, detail in checks:
-        print(f"{state:>14}  {name}: {detail}")
-    print(f"\nVERDICT: {overall}")
+    print("", *verdict_lines(checks), f"\nVERDICT: {overall}", sep="\n")
+    print(write_record(args.folder, runs, checks, overall))
     return EXIT_CODES[overall]
 
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Runs the benchmark at stage 0, then stage 3, keeps each stage's log under results/<timestamp>/,
-# and prints the comparison and the verdict (exit 0 on PASS, 1 on FAIL, 3 when one rank can't show it).
-#   bash run.sh [--ranks N] [--stages "0 3"] [train_gpt.py options ...]
+# Runs the benchmark at stage 0, then stage 3, keeps each run's log under results/<timestamp>/, and prints
+# the comparison and the verdict (exit 0 on PASS, 1 on FAIL, 3 when one rank can't show sharding);
+# report.py also writes summary.json, summary.md and memory.png there.
+#   bash run.sh [--ranks "N ..."] [--stages "0 3"] [train_gpt.py options ...]
 # N defaults to every visible GPU, or 2 CPU processes on a machine without GPUs; RANKS=N works too.
-# More ranks than GPUs share them (a rehearsal: memory per rank is real, speed is not).
-# HOSTFILE=path runs on the nodes of a deepspeed hostfile instead; RESULTS=dir keeps the logs elsewhere.
+# Several N run each stage at each; more ranks than GPUs share them (a rehearsal: memory per rank is
+# real, speed is not). HOSTFILE=path runs on the nodes of a deepspeed hostfile; RESULTS=dir keeps the
+# logs elsewhere.
 set -uo pipefail
 results=$(realpath -m "${RESULTS:-$(dirname "$0")/results}")
+command="bash run.sh $*"
 cd "$(dirname "$0")"
 ranks=${RANKS:-} stages="0 3"
 while [ $# -gt 0 ]; do
@@ -19,18 +22,21 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-if [ -n "${HOSTFILE:-}" ]; then
-  launcher=(deepspeed --hostfile "$HOSTFILE")
-else
-  read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
+read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
 print(torch.cuda.device_count() or 2, s.getsockname()[1])') || exit 1
-  launcher=(deepspeed --num_gpus "${ranks:-$gpus}" --master_port "$port")
-fi
 mkdir -p "$results"
 out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
-for stage in $stages; do
-  echo "== ${launcher[*]} train_gpt.py --stage $stage $*  (log: $out/stage$stage.log)"
-  "${launcher[@]}" train_gpt.py --stage "$stage" "$@" 2>&1 | tee "$out/stage$stage.log"
+for n in ${ranks:-$gpus}; do
+  if [ -n "${HOSTFILE:-}" ]; then
+    launcher=(deepspeed --hostfile "$HOSTFILE")
+  else
+    launcher=(deepspeed --num_gpus "$n" --master_port "$port")
+  fi
+  for stage in $stages; do
+    log=$out/stage$stage$([ "$n" = "${ranks:-$gpus}" ] || echo "_${n}ranks").log
+    echo "COMMAND ${launcher[*]} train_gpt.py --stage $stage $*" | tee "$log"
+    "${launcher[@]}" train_gpt.py --stage "$stage" "$@" 2>&1 | tee -a "$log"
+  done
 done
-python3 report.py "$out" | tee "$out/report.txt"
+RUN_COMMAND=$command python3 report.py "$out" | tee "$out/report.txt"
 exit "${PIPESTATUS[0]}"

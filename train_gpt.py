@@ -8,16 +8,20 @@ Rank 0 prints each rank's human lines and one `RESULT {json}` line per rank; rep
 Exit status: 0 done, 1 failed, 2 bad input, 3 out of memory, 4 the loss is not finite.
 """
 import argparse
+import contextlib
 import gc
 import json
 import math
 import os
+import platform
 import re
 import resource
 import socket
 import statistics
+import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import traceback
 import warnings
@@ -346,6 +350,20 @@ def build_engine(model, args, config, device):
     return engine
 
 
+def environment(device):
+    """What the run ran on, for the record of each run."""
+    env = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
+           "deepspeed": deepspeed.__version__, "cuda": torch.version.cuda, "gpus_on_host": torch.cuda.device_count(),
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"}
+    if device.type == "cuda":
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=30).stdout.split()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):
+            env["driver"] = None
+    return env
+
+
 def optimizer_name(engine):
     opt = engine.basic_optimizer
     fused = " (fused)" if opt.defaults.get("fused") else ""
@@ -540,6 +558,25 @@ def log(rank, msg):
         print(f"[{time.perf_counter() - START:6.1f}s] {msg}", flush=True)
 
 
+@contextlib.contextmanager
+def phase(rank, name):
+    """Log a phase's start and end, and a line every 30 s while it runs: a first JIT build of DeepSpeed's
+    ops can take minutes, and a long start should never sit silent."""
+    start, done = time.perf_counter(), threading.Event()
+
+    def heartbeat():
+        while not done.wait(30):
+            log(rank, f"{name}: still running after {time.perf_counter() - start:.0f} s")
+
+    log(rank, f"{name} ...")
+    threading.Thread(target=heartbeat, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+    log(rank, f"{name}: done in {time.perf_counter() - start:.1f} s")
+
+
 def human_lines(r):
     """What one rank holds, in words; a rank that failed early has fewer figures."""
     tag, rank, gib = f"[Stage {r['stage']}]", f"Rank {r['rank']}", report.gib
@@ -586,21 +623,24 @@ def emit(result):
 
 def run(args, config, result):
     normalise_cuda_arch_list()
-    device, ranks_per_gpu, gpus = init_distributed()
+    rank = int(os.environ.get("RANK", 0))
+    with phase(rank, "starting the process group"):
+        device, ranks_per_gpu, gpus = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     result.update(rank=rank, world_size=world, rehearsal=ranks_per_gpu > 1, ranks_per_gpu=ranks_per_gpu,
-                  gpus=gpus, device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+                  gpus=gpus, env=environment(device))
     if ranks_per_gpu > 1:
         log(rank, f"REHEARSAL: {world} ranks share {gpus} GPU(s) over gloo: each rank's memory is real, "
                   "its speed is not")
     log(rank, f"stage {args.stage}, {world} rank(s), {args.model} model, {args.dtype}, micro batch "
               f"{args.micro_batch} x {args.seq} tokens, config {args.config}")
-    model = build_model(args, config, device)
-    log(rank, "model built")
-    engine = build_engine(model, args, config, device)
+    with phase(rank, "building the model"):
+        model = build_model(args, config, device)
+    with phase(rank, "starting the DeepSpeed engine"):
+        engine = build_engine(model, args, config, device)
     result["optimizer"] = optimizer_name(engine)
     result["ready_s"] = time.perf_counter() - START
-    log(rank, f"engine ready; optimizer {result['optimizer']}")
+    log(rank, f"ready to train; optimizer {result['optimizer']}")
     result.update(memory_snapshot(device))
     if device.type == "cuda":
         result["mem_after_init_bytes"] = torch.cuda.memory_allocated(device)

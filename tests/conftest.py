@@ -89,3 +89,12 @@ def failing_config(tmp_path_factory):
     proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
                 "--config", str(folder / "bad.json")], log=log)
     return SimpleNamespace(proc=proc, records=report.read_results(log))
+
+
+@pytest.fixture(scope="session")
+def sweep(tmp_path_factory):
+    """`bash run.sh --ranks "1 2"`: both stages at two world sizes, in one results folder."""
+    results = tmp_path_factory.mktemp("sweep")
+    proc = run(["bash", "run.sh", "--ranks", "1 2", "--steps", "2"], env={"RESULTS": str(results)})
+    [folder] = results.iterdir()
+    return SimpleNamespace(proc=proc, folder=folder, runs=report.load_runs(folder))

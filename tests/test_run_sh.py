@@ -11,7 +11,7 @@ def test_run_sh_passes_on_cpu(run_sh):
 
 
 def test_run_sh_keeps_both_logs(run_sh):
-    assert sorted(p.name for p in run_sh.folder.iterdir()) == ["report.txt", "stage0.log", "stage3.log"]
+    assert {"stage0.log", "stage3.log", "report.txt"} <= {p.name for p in run_sh.folder.iterdir()}
     assert "VERDICT: PASS" in (run_sh.folder / "report.txt").read_text()
     assert list(run_sh.runs) == ["stage0", "stage3"]
 

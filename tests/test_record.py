@@ -1,0 +1,94 @@
+"""What a run leaves behind: summary.json, summary.md, memory.png; comparing two runs; progress lines."""
+import json
+import shutil
+import subprocess
+import sys
+
+import report
+from conftest import ROOT
+
+
+def test_run_sh_writes_summary_files_and_a_plot(run_sh):
+    for name in ("summary.json", "summary.md", "memory.png"):
+        assert (run_sh.folder / name).stat().st_size > 0, name
+    assert (run_sh.folder / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_json_holds_environment_commands_results_and_verdict(run_sh):
+    record = json.loads((run_sh.folder / "summary.json").read_text())
+    assert record["verdict"] == "PASS"
+    assert record["command"] == "bash run.sh "
+    assert set(record["commands"]) == {"stage0", "stage3"}
+    assert all("train_gpt.py --stage" in cmd and cmd.startswith("deepspeed --num_gpus 2") for cmd in record["commands"].values())
+    env = record["environment"]
+    assert env["torch"] and env["deepspeed"] and env["python"] and len(env["hosts"]) == 1
+    assert [len(record["results"][name]) for name in ("stage0", "stage3")] == [2, 2]
+    assert [c["status"] for c in record["checks"]["2"]] == ["PASS", "PASS", "PASS"]
+
+
+def test_summary_md_is_a_readable_report(run_sh):
+    text = (run_sh.folder / "summary.md").read_text()
+    assert text.startswith("# ZeRO benchmark: PASS")
+    for part in ("## Commands", "## Comparison", "## Verdict", "## stage3: each rank", "deepspeed"):
+        assert part in text
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_one_line(run_sh, tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(run_sh.folder, folder, ignore=shutil.ignore_patterns("memory.png"))
+    code = "import sys; sys.modules['matplotlib'] = None; import report; sys.exit(report.main([sys.argv[1]]))"
+    proc = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory.png skipped: matplotlib is not installed" in proc.stdout
+    assert (folder / "summary.json").exists() and not (folder / "memory.png").exists()
+
+
+def planted(folder, tmp_path, scale_peak=1.0, scale_speed=1.0):
+    """A copy of a results folder whose stage-3 logs claim another peak memory and speed."""
+    copy = tmp_path / f"planted-{scale_peak}-{scale_speed}"
+    shutil.copytree(folder, copy)
+    log = copy / "stage3.log"
+    lines = []
+    for line in log.read_text().splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT "):])
+            r["peak_mem_bytes"] = int(r["peak_mem_bytes"] * scale_peak)
+            r["tokens_per_s"] *= scale_speed
+            line = "RESULT " + json.dumps(r)
+        lines.append(line)
+    log.write_text("\n".join(lines) + "\n")
+    return copy
+
+
+def test_compare_finds_no_regression_between_a_run_and_itself(run_sh, capsys):
+    assert report.main(["--compare", str(run_sh.folder), str(run_sh.folder)]) == 0
+    assert "0 regression(s)" in capsys.readouterr().out
+
+
+def test_compare_flags_a_planted_memory_regression(run_sh, tmp_path, capsys):
+    assert report.main(["--compare", str(run_sh.folder), str(planted(run_sh.folder, tmp_path, scale_peak=1.2))]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSED" in out and "stage3 peak memory +20.0%" in out
+
+
+def test_compare_flags_a_planted_slowdown_beyond_the_tolerance_only(run_sh, tmp_path, capsys):
+    slower = str(planted(run_sh.folder, tmp_path, scale_speed=0.9))
+    assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "5"]) == 1
+    assert "stage3 tokens/s -10.0%" in capsys.readouterr().out
+    assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "15"]) == 0
+
+
+def test_long_phases_and_each_step_report_progress(run_sh):
+    log = (run_sh.folder / "stage3.log").read_text()
+    for phase in ("starting the process group", "building the model", "starting the DeepSpeed engine"):
+        assert f"{phase}: done in" in log
+    assert "step 2/3  loss " in log and " mem " in log and " tok/s " in log and " mfu " in log
+
+
+def test_a_sweep_of_world_sizes_gives_one_verdict_per_size_and_a_scaling_plot(sweep):
+    assert sweep.proc.returncode == 0, sweep.proc.stdout[-3000:]
+    assert sorted(sweep.runs) == ["stage0_1ranks", "stage0_2ranks", "stage3_1ranks", "stage3_2ranks"]
+    assert "1 rank(s):" in sweep.proc.stdout and "2 rank(s):" in sweep.proc.stdout
+    assert "NOT OBSERVABLE  (b)" in sweep.proc.stdout  # one rank
+    assert "VERDICT: PASS" in sweep.proc.stdout  # two ranks show it
+    assert (sweep.folder / "memory.png").exists()
