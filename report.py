@@ -136,6 +136,24 @@ def rank_table(records):
     return format_table(rows)
 
 
+def error(measured, predicted):
+    return measured / predicted - 1 if measured and predicted else None
+
+
+def estimator(records):
+    """DeepSpeed's estimate for the device; without GPUs, device and host are one memory, so both."""
+    estimate = first(records, "deepspeed_estimate")
+    if not estimate:
+        return None
+    # DeepSpeed estimates host memory per node, for all its ranks
+    per_rank_host = estimate["host"] / first(records, "world_size")
+    return estimate["device"] + (per_rank_host if first(records, "mem_kind") != "cuda" and offloads(records) else 0)
+
+
+def offloads(records):
+    return bool(records) and any((records[0].get("offload") or {}).values())
+
+
 # the comparison's rows: label, the figure of one run, its format, and whether a ratio of two runs means anything
 COMPARISON = [
     ("ranks", lambda rs: first(rs, "world_size"), "d", False),
@@ -143,11 +161,18 @@ COMPARISON = [
     ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", False),
     ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True),
     ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True),
-    ("predicted", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True),
+    ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True),
+    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")), "+.1%", False),
+    ("  DeepSpeed estimator", estimator, "bytes", True),
+    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False),
+    ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False),
+    ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False),
     ("other tensors", other_bytes, "bytes", False),
     ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True),
+    ("  estimated", lambda rs: worst(rs, "predicted_peak_bytes") if first(rs, "mem_kind") == "cuda" else None, "bytes", True),
     ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False),
     ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False),
+    ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", True),
     ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", True),
     ("MFU", lambda rs: first(rs, "mfu"), ".1%", True),
 ]
@@ -160,6 +185,8 @@ def comparison_table(runs):
     rows = [("", *names, f"{names[0]}/{names[1]}" if len(names) == 2 else "")]
     for label, figure, spec, has_ratio in COMPARISON:
         values = [figure(runs[name]) for name in names]
+        if all(v is None for v in values) and label.startswith(("host", "  ZeRO paper", "  estimated")):
+            continue  # rows that no run here has (no offload, no GPU)
         both = len(values) == 2 and has_ratio and all(values)
         rows.append((label, *(fmt(v, spec) for v in values), f"{values[0] / values[1]:.2f}x" if both else ""))
     rows.append(("status", *(status(runs[name]) for name in names), ""))
@@ -198,7 +225,9 @@ def check_memory(dense, zero3):
     if failed(zero3):
         return "FAIL", f"stage 3 did not finish: {status(zero3)}"
     if oom(dense):
-        return "PASS", "stage 0 ran out of memory where stage 3 fit"
+        cap = zero3[0].get("max_mem_gib")
+        return "PASS", ("stage 0 ran out of memory where stage 3 fit: only stage 3 trains this model on this hardware"
+                        + (f", with memory capped at {cap} GiB per rank" if cap else ""))
     if failed(dense):
         return "FAIL", f"stage 0 did not finish: {status(dense)}"
     world = zero3[0]["world_size"]
@@ -239,7 +268,7 @@ def pairs(runs):
     """{world size: (stage-0 records, stage-3 records)}, the first runs of each stage at each world size."""
     found = {}
     for records in runs.values():
-        if records and records[0]["stage"] in (0, 3):
+        if records and records[0]["stage"] in (0, 3) and not offloads(records):
             dense, zero3 = found.setdefault(records[0]["world_size"], ([], []))
             chosen = dense if records[0]["stage"] == 0 else zero3
             if not chosen:
@@ -259,10 +288,41 @@ def check_pair(dense, zero3):
             ("(c) the loss falls at both stages", *check_loss(dense, zero3))]
 
 
+def check_promises(runs):
+    """(d): every run's ranks hold the share of parameters, gradients and optimizer states that their
+    stage promises (train_gpt.py's partition_check)."""
+    counted = {name: rs for name, rs in runs.items() if rs and all("partition_check_ok" in r for r in rs)}
+    if not counted:
+        return None
+    broken = [name for name, rs in counted.items() if not all(r["partition_check_ok"] for r in rs)]
+    detail = "share held of params/grads/optimizer states: " + ", ".join(
+        f"{name} " + "/".join(f"{v:.0%}" for v in rs[0]["held_fraction"].values()) for name, rs in counted.items())
+    return ("FAIL" if broken else "PASS"), detail + (f"; NOT as promised: {', '.join(broken)}" if broken else "")
+
+
+def offload_lines(runs):
+    """What each offload run costs against stage 3 without offload, at the same number of ranks."""
+    lines = []
+    for name, rs in runs.items():
+        if offloads(rs) and rs[0].get("step_time_s"):
+            _, zero3 = pairs(runs).get(rs[0]["world_size"], ([], []))
+            cost = f"{rs[0]['step_time_s'] / zero3[0]['step_time_s']:.2f}x the step time of stage 3" \
+                if zero3 and zero3[0].get("step_time_s") else "no stage-3 run to compare"
+            where = (f"per rank, GPU model states {size(worst(rs, 'model_state_bytes'))}, host (CPU) model states "
+                     f"{size(worst(rs, 'host_state_bytes'))}, GPU peak {size(worst(rs, 'peak_mem_bytes'))}"
+                     if rs[0]["mem_kind"] == "cuda" else "without GPUs, device and host are one memory")
+            lines.append(f"offload {name}: {cost}; {where}")
+    return lines
+
+
 def verdict(runs):
     """{world size: checks} and the overall status: FAIL if any check fails, PASS if some world size
     passes and the rest pass or cannot show it (one rank), NOT OBSERVABLE otherwise."""
     checks = {world: check_pair(*pair) for world, pair in sorted(pairs(runs).items())}
+    promises = check_promises(runs)
+    if promises:
+        checks.setdefault(first(next(iter(runs.values())), "world_size"), []).append(
+            ("(d) every run holds what its stage promises", *promises))
     states = {state for rows in checks.values() for _, state, _ in rows}
     if "FAIL" in states or not checks:
         return checks, "FAIL"
@@ -337,11 +397,15 @@ def plot(folder, runs):
             for name, records in runs.items() for r in records]
     fig, axes = plt.subplots(1, 2 if len(worlds) > 1 else 1, squeeze=False,
                              figsize=(15 if len(worlds) > 1 else 9, max(4.0, 1.5 + 0.32 * len(bars))))
-    ax, height = axes[0][0], 0.27
-    for i, (label, key) in enumerate([("measured peak", "peak_mem_bytes"), ("measured model states", "model_state_bytes"),
-                                      ("predicted model states", "predicted_model_state_bytes")]):
-        ax.barh([y + (i - 1) * height for y in range(len(bars))], [gib(r.get(key) or 0) for _, r in bars], height,
-                label=label)
+    ax = axes[0][0]
+    series = [("measured peak", "peak_mem_bytes"), ("measured model states", "model_state_bytes"),
+              ("predicted model states", "predicted_model_state_bytes")]
+    if any(r.get("host_state_bytes") for _, r in bars):
+        series.append(("measured host (CPU) model states", "host_state_bytes"))
+    height = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        ax.barh([y + (i - (len(series) - 1) / 2) * height for y in range(len(bars))],
+                [gib(r.get(key) or 0) for _, r in bars], height, label=label)
     ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
     ax.invert_yaxis()
     values = [gib(r[k]) for _, r in bars for k in ("peak_mem_bytes", "model_state_bytes") if r.get(k)]
@@ -349,7 +413,7 @@ def plot(folder, runs):
         ax.set_xscale("log")
     ax.set_xlabel("GiB per rank")
     ax.set_title("Memory per rank")
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower left", ncol=3, fontsize=9)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower left", ncol=len(series), fontsize=9)
     if len(worlds) > 1:
         ax = axes[0][1]
         sizes = sorted(worlds)
@@ -446,7 +510,7 @@ def main(argv=None):
     if any(r.get("rehearsal") for rs in runs.values() for r in rs):
         print("\nREHEARSAL: several ranks shared each GPU over gloo; per-rank memory is real, speed is not.")
     checks, overall = verdict(runs)
-    print("", *verdict_lines(checks), f"\nVERDICT: {overall}", sep="\n")
+    print("", *offload_lines(runs), *verdict_lines(checks), f"\nVERDICT: {overall}", sep="\n")
     print(write_record(args.folder, runs, checks, overall))
     return EXIT_CODES[overall]
 

@@ -2,7 +2,7 @@
 # Runs the benchmark at stage 0, then stage 3, keeps each run's log under results/<timestamp>/, and prints
 # the comparison and the verdict (exit 0 on PASS, 1 on FAIL, 3 when one rank can't show sharding);
 # report.py also writes summary.json, summary.md and memory.png there.
-#   bash run.sh [--ranks "N ..."] [--stages "0 3"] [train_gpt.py options ...]
+#   bash run.sh [--ranks "N ..."] [--stages "0 1 2 3 3_offload 3_infinity"] [train_gpt.py options ...]
 # N defaults to every visible GPU, or 2 CPU processes on a machine without GPUs; RANKS=N works too.
 # Several N run each stage at each; more ranks than GPUs share them (a rehearsal: memory per rank is
 # real, speed is not). HOSTFILE=path runs on the nodes of a deepspeed hostfile; RESULTS=dir keeps the
@@ -32,10 +32,12 @@ for n in ${ranks:-$gpus}; do
   else
     launcher=(deepspeed --num_gpus "$n" --master_port "$port")
   fi
-  for stage in $stages; do
+  for stage in $stages; do  # a number, or the rest of a config's name: 3_offload is ds_config_stage3_offload.json
+    select=(--stage "$stage")
+    [[ $stage =~ ^[0-9]+$ ]] || select=(--config "ds_config_stage$stage.json")
     log=$out/stage$stage$([ "$n" = "${ranks:-$gpus}" ] || echo "_${n}ranks").log
-    echo "COMMAND ${launcher[*]} train_gpt.py --stage $stage $*" | tee "$log"
-    "${launcher[@]}" train_gpt.py --stage "$stage" "$@" 2>&1 | tee -a "$log"
+    echo "COMMAND ${launcher[*]} train_gpt.py ${select[*]} $*" | tee "$log"
+    "${launcher[@]}" train_gpt.py "${select[@]}" "$@" 2>&1 | tee -a "$log"
   done
 done
 RUN_COMMAND=$command python3 report.py "$out" | tee "$out/report.txt"

@@ -9,6 +9,7 @@ Exit status: 0 done, 1 failed, 2 bad input, 3 out of memory, 4 the loss is not f
 """
 import argparse
 import contextlib
+import ctypes
 import gc
 import json
 import math
@@ -35,6 +36,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from deepspeed import comm as dist
 from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 from deepspeed.runtime.zero.utils import is_zero_param
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -55,6 +58,7 @@ warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is depre
 # ratios to 1.3b's and are not measured.
 PRESETS = {
     "tiny": (2, 4, 128, 256, 256, 3e-3),
+    "small": (8, 8, 1024, 256, 256, 1e-5),
     "125m": (12, 12, 768, 50257, 1024, 3e-5),
     "350m": (24, 16, 1024, 50257, 1024, 1.5e-5),
     "760m": (24, 16, 1536, 50257, 1024, 1.25e-5),
@@ -75,6 +79,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_OOM, EXIT_NONFINITE = 1, 2, 3, 4
 
+# A rank's share of each kind of model state may differ from its stage's promise by this fraction.
+PARTITION_TOLERANCE = 0.10
+
 
 def fail(msg):
     """Bad input: one line on stderr, exit status 2, no traceback."""
@@ -85,7 +92,7 @@ def fail(msg):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="DeepSpeed ZeRO benchmark on a GPT-style model.")
-    p.add_argument("--stage", type=int, choices=[0, 3],
+    p.add_argument("--stage", type=int, choices=[0, 1, 2, 3],
                    help="ZeRO stage; loads ds_config_stage<N>.json beside this script (default 3)")
     p.add_argument("--config", type=Path, help="a DeepSpeed config file instead of ds_config_stage<N>.json")
     p.add_argument("--model", choices=PRESETS, help="model preset (default 1.3b on GPUs, tiny without)")
@@ -99,6 +106,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", action="store_true",
                    help="activation checkpointing: recompute each block in backward, for larger micro batches")
     p.add_argument("--compile", action="store_true", help="torch.compile the model through DeepSpeed's engine.compile")
+    p.add_argument("--max-mem-gib", type=float,
+                   help="cap each rank's memory: the GPU allocator's share, or on a CPU the data the process adds")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
     p.error = fail
     return p.parse_args(argv)
@@ -117,8 +126,8 @@ def load_ds_config(args):
     stage = config.get("zero_optimization", {}).get("stage", 0)
     if args.stage is not None and stage != args.stage:
         fail(f"config {path} has zero_optimization.stage {stage}, but --stage is {args.stage}")
-    if stage not in (0, 3):
-        fail(f"config {path}: the benchmark measures ZeRO stages 0 and 3, not {stage}")
+    if stage not in (0, 1, 2, 3):
+        fail(f"config {path}: zero_optimization.stage must be 0, 1, 2 or 3, not {stage}")
     if config.get("gradient_accumulation_steps", 1) != 1:
         fail(f"config {path}: the benchmark times one micro batch per step; set gradient_accumulation_steps to 1")
     return path, stage, config
@@ -145,6 +154,8 @@ def resolve(args):
         fail(f"--steps must be at least 1, not {args.steps}")
     if args.lr <= 0:
         fail(f"--lr must be positive, not {args.lr}")
+    if args.max_mem_gib is not None and args.max_mem_gib <= 0:
+        fail(f"--max-mem-gib must be positive, not {args.max_mem_gib}")
     config.update(train_micro_batch_size_per_gpu=args.micro_batch, gradient_accumulation_steps=1,
                   steps_per_print=10**9)
     config["bf16"] = {**config.get("bf16", {}), "enabled": args.dtype == "bf16"}
@@ -313,6 +324,21 @@ def init_distributed():
     return device, ranks_per_gpu, gpus
 
 
+def cap_memory(device, gib):
+    """--max-mem-gib makes an out-of-memory reproducible on any machine. On a GPU it caps PyTorch's caching
+    allocator (its per-process memory fraction). On a CPU it caps the process's data segment (RLIMIT_DATA)
+    at what it holds now plus the cap, so that the Python runtime and DeepSpeed do not count."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
+    else:
+        # glibc keeps freed blocks below a moving threshold in its heap; a fixed one (M_MMAP_THRESHOLD, -3)
+        # hands every block over 64 KiB back when freed, so the data segment tracks the live tensors
+        ctypes.CDLL(None).mallopt(-3, 64 * 1024)
+        data_kib = int(re.search(r"VmData:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+        resource.setrlimit(resource.RLIMIT_DATA, (data_kib * 1024 + int(gib * 2**30), resource.RLIM_INFINITY))
+
+
 def build_model(args, config, device):
     """Build the model on the device in the training dtype. At stage 3 inside zero.Init, so that each
     parameter is partitioned as soon as its module exists and no rank ever holds the whole model."""
@@ -333,7 +359,7 @@ def adamw(model, lr, device):
     decay = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]
     rest = [p for p in params if len(getattr(p, "ds_shape", p.shape)) < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True)
 
 
 def build_engine(model, args, config, device):
@@ -387,6 +413,7 @@ def shard_report(model, world):
         "params_total": sum(p.ds_numel if is_zero_param(p) else p.numel() for p in params),
         "local_param_elems": sum(p.ds_tensor.numel() if is_zero_param(p) else p.numel() for p in params),
         "persistent_elems": sum(p.ds_numel for p in zero if p.ds_persist),
+        "largest_param_elems": max(p.ds_numel if is_zero_param(p) else p.numel() for p in params),
         "shard_check_ok": all(p.ds_tensor.numel() == math.ceil(p.ds_numel / world) for p in zero),
     }
 
@@ -432,17 +459,25 @@ def storages(tensors, device):
     return found
 
 
+def partitioned_gradients(optimizer):
+    """The gradient partitions that ZeRO keeps off the parameters: stage 3 reduces into one flat buffer of
+    this rank's partitions, stage 2 into grads_in_partition, and both list them in averaged_gradients."""
+    found = [getattr(optimizer, name, None) for name in ("grad_partitions_flat_buffer", "grads_in_partition")]
+    averaged = getattr(optimizer, "averaged_gradients", None) or {}
+    for group in (averaged.values() if isinstance(averaged, dict) else averaged):
+        found += group or []
+    return found
+
+
 def model_state_census(engine, device):
-    """Bytes of every live tensor on the device, counted from the tensors themselves and sorted into
+    """Bytes of every live tensor on a device, counted from the tensors themselves and sorted into
     the model states (parameters, gradients, fp32 master weights, optimizer moments) and the rest
-    (communication buckets, buffers). Taken after backward, when gradients and optimizer states coexist.
-    Also counts the partitioned parameters that are still gathered."""
+    (communication buckets, buffers). Taken after backward, when gradients and optimizer states coexist."""
     params = list(engine.module.parameters())
     opt = engine.basic_optimizer
     owners = {
         "params": [t for p in params for t in (p.data, getattr(p, "ds_tensor", None))],
-        # ZeRO-3 reduces gradients into one flat buffer of this rank's partitions
-        "grads": [p.grad for p in params] + [getattr(engine.optimizer, "grad_partitions_flat_buffer", None)],
+        "grads": [p.grad for p in params] + partitioned_gradients(engine.optimizer),
         # the optimizer's own parameters; ZeRO-3 lends them to its param_groups only during step()
         "master": [p for group in opt.param_groups for p in group["params"]] + list(opt.state),
         "moments": [t for state in opt.state.values() for t in state.values()],
@@ -457,21 +492,151 @@ def model_state_census(engine, device):
         claimed.update(mine)
         census[name] = sum(mine.values())
     census["other"] = sum(v for k, v in live.items() if k not in claimed)
-    gathered = sum(1 for p in params if is_zero_param(p) and not p.ds_persist and p.numel() > 0)
-    return census, gathered
+    return census
 
 
-def predicted_model_state_bytes(stage, shards, dtype):
-    """The ZeRO paper's model states for this rank, for mixed-precision Adam: 2 + 2 bytes per parameter of
-    16-bit weights and gradients, and K = 12 for fp32 master weights, momentum and variance; all on every
-    rank at stage 0, and 1/G of it at stage 3, plus the whole 16-bit copies of persistent parameters.
-    In fp32 there is no separate master copy at stage 0 (4 + 4 + 8), but at stage 3 DeepSpeed 0.19 keeps
-    one anyway (stage3.py compares a tensor's device with a string, so it never reuses the weights): 20."""
+def gathered_tensors(model):
+    """Partitioned, not persistent, and yet whole on this rank right now."""
+    return sum(1 for p in model.parameters() if is_zero_param(p) and not p.ds_persist and p.numel() > 0)
+
+
+def predicted_states(stage, dtype, shards, world):
+    """The ZeRO paper's model states of one rank, by kind, for mixed-precision Adam: 16-bit weights and
+    gradients (2 + 2 bytes per parameter) and K = 12 for fp32 master weights, momentum and variance.
+    Stage 1 partitions the K bytes over the G ranks, stage 2 the gradients too, stage 3 the weights too,
+    plus the whole 16-bit copies of persistent parameters. In fp32, stage 0 steps the weights themselves,
+    but ZeRO's optimizers keep an fp32 copy anyway (at stage 3, stage3.py compares a tensor's device with
+    a string, so it never reuses the weights): 4 more bytes per shard element."""
     width = DTYPES[dtype].itemsize
-    per_param = 2 * width + 8 + (4 if width < 4 or stage == 3 else 0)
+    full = shards["params_total"]
+    shard = shards["local_param_elems"] if stage == 3 else full / world  # stages 1-2 split one flat buffer
+    master = 4 if width < 4 or stage > 0 else 0
+    return {
+        "params": width * (shard + shards["persistent_elems"] if stage == 3 else full),
+        "grads": width * (shard if stage >= 2 else full),
+        "master": master * (shard if stage >= 1 else full),
+        "moments": 8 * (shard if stage >= 1 else full),
+    }
+
+
+def offloaded_kinds(offload):
+    """The kinds of model state that ZeRO-Offload (optimizer) and ZeRO-Infinity (parameters) keep in host memory."""
+    return (["master", "moments"] if offload["optimizer"] else []) + (["params"] if offload["param"] else [])
+
+
+def deepspeed_estimate(stage, shards, world, offload):
+    """DeepSpeed's own estimator of model states per GPU and per host, called on the counts (a partitioned
+    model reports numel 0). DeepSpeed has none for stage 0; stages 1 and 2 share the stage-2 estimator."""
+    if stage == 0:
+        return None
+    total = shards["params_total"]
     if stage == 3:
-        return per_param * shards["local_param_elems"] + width * shards["persistent_elems"]
-    return per_param * shards["params_total"]
+        host, device, _ = estimate_zero3_model_states_mem_needs(
+            total, shards["largest_param_elems"], num_gpus_per_node=world, cpu_offload=bool(offload["optimizer"]),
+            cpu_offload_params=bool(offload["param"]))
+    else:
+        host, device = estimate_zero2_model_states_mem_needs(total, num_gpus_per_node=world,
+                                                             cpu_offload=bool(offload["optimizer"]))
+    return {"device": device, "host": host}
+
+
+def activation_bytes(args, layers, d_model, heads, vocab, flash):
+    """Activations saved for backward, after Korthikanti et al. (2022): 34 bytes per token and model
+    dimension per layer in 16 bits, plus 5 per attention score unless flash attention keeps none; with
+    checkpointing, each layer's input only, plus one layer recomputed. Then the logits at the start of
+    backward: the saved fp32 log-softmax, its gradient and the gradient of the logits, fp32 and bf16
+    (14 bytes per logit)."""
+    tokens = args.micro_batch * args.seq
+    layer = 34 * tokens * d_model + (0 if flash else 5 * heads * args.seq * tokens)
+    blocks = layers * 2 * tokens * d_model + layer if args.checkpoint else layers * layer
+    return blocks + 14 * tokens * 64 * math.ceil(vocab / 64)
+
+
+def step_transient_bytes(stage, shards, world, offload):
+    """The fp32 gradients the optimizer step makes on the device: of every parameter at stage 0, of this
+    rank's partition above; none when the optimizer runs on the host."""
+    if offload["optimizer"]:
+        return 0
+    return 4 * (shards["params_total"] if stage == 0 else shards["local_param_elems"] if stage == 3
+                else shards["params_total"] / world)
+
+
+def held_fractions(held_bytes, stage, dtype, shards):
+    """The share of the whole model's parameters, gradients and optimizer states that this rank holds,
+    against the share that its stage promises; the whole is what one rank would hold alone."""
+    whole = predicted_states(stage, dtype, {**shards, "local_param_elems": shards["params_total"],
+                                            "persistent_elems": 0}, 1)
+    promised = predicted_states(stage, dtype, shards, shards["world_size"])
+    kinds = {"params": ["params"], "grads": ["grads"], "optimizer": ["master", "moments"]}
+    share = lambda b: {k: sum(b[p] for p in parts) / sum(whole[p] for p in parts) for k, parts in kinds.items()}
+    return share(held_bytes), share(promised)
+
+
+def partition_check(held, promised, stage, shards):
+    """Each kind that the stage partitions is held at its promised share, and no kind above it, give or
+    take PARTITION_TOLERANCE; at stages 1 and 2, DeepSpeed also keeps whole the gradients of the (at most
+    two) tensors that straddle this rank's partition boundaries."""
+    partitioned = {"optimizer": stage >= 1, "grads": stage >= 2, "params": stage >= 3}
+    straddling = 2 * shards["largest_param_elems"] / shards["params_total"] if stage in (1, 2) else 0
+    slack = {k: PARTITION_TOLERANCE * promised[k] + (straddling if k == "grads" else 0) for k in held}
+    return all(held[k] <= promised[k] + slack[k] and (not partitioned[k] or held[k] >= promised[k] - slack[k])
+               for k in held)
+
+
+# why a kind of model state can differ from the paper: (kind, sign of the difference, stages) -> cause
+CAUSES = {
+    ("grads", 1, (1, 2)): "DeepSpeed keeps whole the gradients of tensors that straddle this rank's partition",
+    ("grads", -1, (1,)): "DeepSpeed's stage 1 also reduces the gradients into this rank's partition during backward",
+    ("master", 1, (0, 1, 2, 3)): "a separate fp32 copy of the weights",
+    ("params", 1, (3,)): "partitioned parameters still gathered after backward (gathered layers)",
+}
+
+
+def differences(r):
+    """Where measured memory departs from the prediction by more than 10%, in words."""
+    found = []
+    measured = {k: r["model_state_breakdown"][k] + r.get("host_state_breakdown", {}).get(k, 0)
+                for k in r["predicted_breakdown"]}
+    total = sum(r["predicted_breakdown"].values())
+    if abs(sum(measured.values()) / total - 1) > 0.10:
+        for kind, predicted in r["predicted_breakdown"].items():
+            diff = measured[kind] - predicted
+            if abs(diff) > 0.02 * total:
+                cause = next((c for (k, sign, stages), c in CAUSES.items()
+                              if k == kind and sign * diff > 0 and r["stage"] in stages), "no known cause")
+                found.append(f"model states: {kind} {'+' if diff > 0 else '-'}{report.size(abs(diff))}: {cause}")
+    if r["mem_kind"] == "cuda" and abs(r["peak_mem_bytes"] / r["predicted_peak_bytes"] - 1) > 0.10:
+        found.append(f"peak: {report.size(r['peak_mem_bytes'])} measured against {report.size(r['predicted_peak_bytes'])} "
+                     f"estimated: model states, other tensors (buckets) {report.size(r['model_state_breakdown']['other'])}, and "
+                     f"the larger of activations {report.size(r['activation_estimate_bytes'])} and the optimizer step's "
+                     f"fp32 gradients {report.size(r['step_transient_bytes'])}")
+    return found
+
+
+def account_for_memory(result, args, device):
+    """Beside each measured figure, what theory predicts: the ZeRO paper's model states by kind and by where
+    they live, DeepSpeed's estimator, activations, and the peak those add up to; the rank's share of each
+    kind of state against its stage's promise; and, in words, where a difference over 10% goes."""
+    stage, world, offload = args.stage, result["world_size"], result["offload"]
+    predicted = predicted_states(stage, args.dtype, result, world)
+    on_host = offloaded_kinds(offload) if device.type != "cpu" else []  # on a CPU it is all one memory
+    layers, heads, d_model, vocab = PRESETS[args.model][:4]
+    result.update(
+        predicted_breakdown=predicted,
+        predicted_model_state_bytes=sum(v for k, v in predicted.items() if k not in on_host),
+        predicted_host_state_bytes=sum(v for k, v in predicted.items() if k in on_host),
+        deepspeed_estimate=deepspeed_estimate(stage, result, world, offload),
+        activation_estimate_bytes=activation_bytes(args, layers, d_model, heads, vocab, device.type == "cuda"),
+        step_transient_bytes=step_transient_bytes(stage, result, world, offload),
+    )
+    result["predicted_peak_bytes"] = (result["predicted_model_state_bytes"] + result["model_state_breakdown"]["other"]
+                                      + max(result["activation_estimate_bytes"], result["step_transient_bytes"]))
+    held_bytes = {k: result["model_state_breakdown"][k] + result.get("host_state_breakdown", {}).get(k, 0)
+                  for k in predicted}
+    held, promised = held_fractions(held_bytes, stage, args.dtype, result)
+    result.update(held_fraction=held, promised_fraction=promised,
+                  partition_check_ok=partition_check(held, promised, stage, result))
+    result["differences"] = differences(result)
 
 
 def peak_tflops(device, dtype):
@@ -514,7 +679,10 @@ def train(engine, args, device, rank, world, flops_per_token, peak, result):
         sync()
         elapsed = time.perf_counter() - t0
         if step == args.steps:
-            result["model_state_breakdown"], result["gathered_tensors"] = model_state_census(engine, device)
+            result["model_state_breakdown"] = model_state_census(engine, device)
+            if device.type != "cpu" and offloaded_kinds(result["offload"]):
+                result["host_state_breakdown"] = model_state_census(engine, torch.device("cpu"))
+            result["gathered_tensors"] = gathered_tensors(engine.module)
         sync()
         t0 = time.perf_counter()
         engine.step()
@@ -537,12 +705,13 @@ def summarize(result, args, flops_per_token, peak):
     tokens_per_s = result["world_size"] * args.micro_batch * args.seq / step_time
     tflops = tflops_per_gpu(flops_per_token, tokens_per_s, result["gpus"])
     losses = [s["loss"] for s in steps]
-    breakdown = result["model_state_breakdown"]
+    states = lambda breakdown: sum(v for k, v in breakdown.items() if k != "other")
     result.update(
         losses=losses, first_loss=losses[0], nonfinite_loss=not all(map(math.isfinite, losses)),
         step_time_s=step_time, tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
         mfu=tflops / peak if peak else None,
-        model_state_bytes=sum(v for k, v in breakdown.items() if k != "other"),
+        model_state_bytes=states(result["model_state_breakdown"]),
+        host_state_bytes=states(result.get("host_state_breakdown", {})),
     )
     for key in ("peak_mem_bytes", "peak_reserved_bytes"):
         if key in result:
@@ -594,6 +763,22 @@ def human_lines(r):
                      f"({report.signed_pct(r['model_state_bytes'] / r['predicted_model_state_bytes'] - 1)}); "
                      f"other tensors {size(b['other'])}; partitioned parameters still gathered after backward: "
                      f"{r['gathered_tensors']}")
+        if "host_state_breakdown" in r:
+            h = r["host_state_breakdown"]
+            lines.append(f"{tag} {rank} host (CPU) model states: {size(r['host_state_bytes'])} (params {size(h['params'])}, "
+                         f"grads {size(h['grads'])}, master {size(h['master'])}, moments {size(h['moments'])}) vs "
+                         f"prediction {size(r['predicted_host_state_bytes'])}; other host tensors {size(h['other'])}")
+        held, promised = r["held_fraction"], r["promised_fraction"]
+        lines.append(f"{tag} {rank} holds of the whole model's states: " + ", ".join(
+            f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +
+            f": {'as' if r['partition_check_ok'] else 'NOT as'} stage {r['stage']} promises")
+        estimate = r["deepspeed_estimate"]
+        lines.append(f"{tag} {rank} DeepSpeed's estimator: " + (
+            f"{size(estimate['device'])} per GPU, {size(estimate['host'])} per host" if estimate else "none for stage 0") +
+            f"; activations estimated at {size(r['activation_estimate_bytes'])}, the optimizer step's fp32 gradients at "
+            f"{size(r['step_transient_bytes'])}" + (f"; peak estimated at {size(r['predicted_peak_bytes'])}"
+                                                    if r["mem_kind"] == "cuda" else ""))
+        lines += [f"{tag} {rank} difference: {d}" for d in r["differences"]]
     if r["rank"] == 0 and r.get("losses"):
         lines.append(f"{tag} first-step loss: {r['first_loss']:.4f}; losses: " + ", ".join(f"{x:.4f}" for x in r["losses"]))
     if r["mem_kind"] == "cuda":
@@ -627,13 +812,19 @@ def run(args, config, result):
     with phase(rank, "starting the process group"):
         device, ranks_per_gpu, gpus = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
+    zero = config.get("zero_optimization", {})
     result.update(rank=rank, world_size=world, rehearsal=ranks_per_gpu > 1, ranks_per_gpu=ranks_per_gpu,
-                  gpus=gpus, env=environment(device))
+                  gpus=gpus, env=environment(device),
+                  offload={kind: zero.get(f"offload_{kind}", {}).get("device") not in (None, "none")
+                           and zero[f"offload_{kind}"]["device"] for kind in ("optimizer", "param")})
     if ranks_per_gpu > 1:
         log(rank, f"REHEARSAL: {world} ranks share {gpus} GPU(s) over gloo: each rank's memory is real, "
                   "its speed is not")
     log(rank, f"stage {args.stage}, {world} rank(s), {args.model} model, {args.dtype}, micro batch "
               f"{args.micro_batch} x {args.seq} tokens, config {args.config}")
+    if args.max_mem_gib:
+        cap_memory(device, args.max_mem_gib)
+        log(rank, f"memory capped at {args.max_mem_gib} GiB per rank")
     with phase(rank, "building the model"):
         model = build_model(args, config, device)
     with phase(rank, "starting the DeepSpeed engine"):
@@ -647,13 +838,18 @@ def run(args, config, result):
         result["device_total_bytes"] = torch.cuda.get_device_properties(device).total_memory
     result.update(shard_report(engine.module, world))
     result["weights_checksum"] = weights_checksum(engine.module, rank)
-    result["predicted_model_state_bytes"] = predicted_model_state_bytes(args.stage, result, args.dtype)
     log(rank, f"{result['params_total']:,} parameters in {result['param_tensors']} tensors")
     layers, _, d_model = PRESETS[args.model][:3]
     flops_per_token = 6 * result["params_total"] + 12 * layers * d_model * args.seq
     peak = peak_tflops(device, args.dtype)
     train(engine, args, device, rank, world, flops_per_token, peak, result)
     summarize(result, args, flops_per_token, peak)
+    account_for_memory(result, args, device)
+
+
+def out_of_memory(e):
+    """A GPU's out-of-memory, or a CPU allocation refused (as under --max-mem-gib)."""
+    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory" in str(e)
 
 
 def main(argv=None):
@@ -662,22 +858,21 @@ def main(argv=None):
     result = {"stage": args.stage, "rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)),
               "model": args.model, "config": str(args.config), "dtype": args.dtype, "micro_batch": args.micro_batch,
               "seq": args.seq, "lr": args.lr, "seed": args.seed, "checkpoint": args.checkpoint,
-              "compile": args.compile, "steps": [], "oom": False, "error": None, "peak_mem_bytes": 0,
+              "compile": args.compile, "max_mem_gib": args.max_mem_gib, "steps": [], "oom": False, "error": None, "peak_mem_bytes": 0,
               "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
     status = 0
     try:
         run(args, config, result)
-    except (torch.OutOfMemoryError, MemoryError) as e:
-        result.update(oom=True, error=(str(e) or type(e).__name__).splitlines()[0])
-        status = EXIT_OOM
     except Exception as e:  # noqa: BLE001 -- any failure is reported as a result, with its traceback in the log
-        traceback.print_exc()
-        result["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-        status = EXIT_FAILED
+        oom = out_of_memory(e)
+        if not oom:
+            traceback.print_exc()
+        result.update(oom=oom, error=(f"{type(e).__name__}: {e}").splitlines()[0])
+        status = EXIT_OOM if oom else EXIT_FAILED
     if status:
         # a rank that failed reports alone: its peers may be blocked in a collective
-        if torch.cuda.is_available():
-            result.update(memory_snapshot(torch.device("cuda", torch.cuda.current_device())))
+        on_gpu = torch.cuda.is_available()
+        result.update(memory_snapshot(torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")))
         emit(result)
     else:
         everyone = [None] * result["world_size"]

@@ -98,3 +98,24 @@ def sweep(tmp_path_factory):
     proc = run(["bash", "run.sh", "--ranks", "1 2", "--steps", "2"], env={"RESULTS": str(results)})
     [folder] = results.iterdir()
     return SimpleNamespace(proc=proc, folder=folder, runs=report.load_runs(folder))
+
+
+@pytest.fixture(scope="session")
+def other_stages(tmp_path_factory):
+    """`bash run.sh --stages "0 1 2 3 3_offload 3_infinity"`: every stage, ZeRO-Offload and ZeRO-Infinity
+    (parameters and optimizer in host memory) on 2 CPU ranks. The first offload run JIT-builds DeepSpeed's
+    CPU Adam, which takes about a minute."""
+    results = tmp_path_factory.mktemp("stages")
+    proc = run(["bash", "run.sh", "--stages", "0 1 2 3 3_offload 3_infinity"], env={"RESULTS": str(results)})
+    [folder] = results.iterdir()
+    return SimpleNamespace(proc=proc, folder=folder, runs=report.load_runs(folder))
+
+
+@pytest.fixture(scope="session")
+def memory_cap(tmp_path_factory):
+    """`bash run.sh --model small --max-mem-gib 1.75`: a 101M-parameter model that, under the cap, only
+    stage 3 can train on 2 CPU ranks."""
+    results = tmp_path_factory.mktemp("cap")
+    proc = run(["bash", "run.sh", "--model", "small", "--max-mem-gib", "1.75"], env={"RESULTS": str(results)})
+    [folder] = results.iterdir()
+    return SimpleNamespace(proc=proc, folder=folder, runs=report.load_runs(folder))

@@ -8,7 +8,7 @@ from conftest import ROOT
 
 CASES = {
     "unknown stage": (["--stage", "5"], "invalid choice: 5"),
-    "a stage the benchmark does not measure": (["--config", "tests/stage1.json"], "measures ZeRO stages 0 and 3, not 1"),
+    "a stage that does not exist": (["--config", "tests/stage5.json"], "zero_optimization.stage must be 0, 1, 2 or 3, not 5"),
     "unknown preset": (["--model", "13b"], "invalid choice: '13b'"),
     "missing config": (["--config", "no/such.json"], "config not found: no/such.json"),
     "invalid json": (["--config", "run.sh"], "is not valid JSON"),
@@ -17,6 +17,7 @@ CASES = {
     "fp16 on a cpu": (["--dtype", "fp16"], "fp16 needs a GPU"),
     "sequence beyond the context": (["--model", "tiny", "--seq", "257"], "outside the tiny model's context"),
     "micro batch below 1": (["--micro-batch", "0"], "--micro-batch must be at least 1"),
+    "a memory cap of nothing": (["--max-mem-gib", "0"], "--max-mem-gib must be positive"),
     "missing data file": (["--data", "no/such.bin"], "--data no/such.bin: no such file"),
     "unknown option": (["--stages", "3"], "unrecognized arguments: --stages 3"),
 }

@@ -7,7 +7,7 @@ import report
 def test_run_sh_passes_on_cpu(run_sh):
     assert run_sh.proc.returncode == 0, run_sh.proc.stdout[-3000:] + run_sh.proc.stderr[-3000:]
     assert "VERDICT: PASS" in run_sh.proc.stdout
-    assert run_sh.proc.stdout.count("PASS  (") == 3
+    assert run_sh.proc.stdout.count("PASS  (") == 4  # (a) to (d)
 
 
 def test_run_sh_keeps_both_logs(run_sh):

@@ -1,0 +1,78 @@
+"""Every ZeRO stage and offload: what each partitions, measured against the ZeRO paper, and a model
+that only stage 3 can fit."""
+import pytest
+
+import report
+
+# what each stage promises to partition over the ranks; the rest stays whole on every rank
+PARTITIONED = {0: set(), 1: {"optimizer"}, 2: {"optimizer", "grads"}, 3: {"optimizer", "grads", "params"}}
+
+
+def test_the_other_stages_run(other_stages):
+    assert other_stages.proc.returncode == 0, other_stages.proc.stdout[-3000:]
+    assert list(other_stages.runs) == ["stage0", "stage1", "stage2", "stage3", "stage3_offload", "stage3_infinity"]
+    for records in other_stages.runs.values():
+        assert len(records) == 2 and not any(r["error"] for r in records)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stages_1_and_2_partition_optimizer_states_but_not_parameters(stage, other_stages):
+    for r in other_stages.runs[f"stage{stage}"]:
+        assert r["stage"] == stage and r["partitioned_tensors"] == 0
+        assert r["held_fraction"]["params"] == pytest.approx(1.0)
+        assert r["held_fraction"]["optimizer"] == pytest.approx(0.5, rel=0.01)
+        assert r["partition_check_ok"]
+
+
+def test_stage2_partitions_gradients_too(other_stages):
+    for r in other_stages.runs["stage2"]:
+        # half, plus the whole gradients of tensors that straddle the partition boundary
+        assert 0.5 <= r["held_fraction"]["grads"] < 0.5 + 2 * r["largest_param_elems"] / r["params_total"]
+
+
+def test_each_run_holds_the_shares_its_stage_promises(other_stages):
+    for name, records in other_stages.runs.items():
+        for r in records:
+            assert r["partition_check_ok"], (name, r["held_fraction"], r["promised_fraction"])
+            for kind in PARTITIONED[r["stage"]]:
+                assert r["held_fraction"][kind] < 0.6, (name, kind)
+
+
+def test_measured_model_states_are_within_10_percent_of_the_paper_for_every_stage(other_stages):
+    for name, records in other_stages.runs.items():
+        for r in records:
+            measured = r["model_state_bytes"] + r["host_state_bytes"]
+            predicted = r["predicted_model_state_bytes"] + r["predicted_host_state_bytes"]
+            assert measured == pytest.approx(predicted, rel=0.10), name
+
+
+def test_deepspeeds_estimator_is_reported_for_stages_1_to_3(other_stages):
+    assert other_stages.runs["stage0"][0]["deepspeed_estimate"] is None
+    for name, records in list(other_stages.runs.items())[1:]:
+        estimate = records[0]["deepspeed_estimate"]
+        assert estimate["device"] > 0 and estimate["host"] > 0, name
+
+
+def test_offload_moves_the_optimizer_and_the_parameters_to_the_host(other_stages):
+    assert other_stages.runs["stage3_offload"][0]["offload"] == {"optimizer": "cpu", "param": False}
+    assert other_stages.runs["stage3_infinity"][0]["offload"] == {"optimizer": "cpu", "param": "cpu"}
+    assert all(r["optimizer"] == "deepspeed.DeepSpeedCPUAdam" for name in ("stage3_offload", "stage3_infinity")
+               for r in other_stages.runs[name])
+
+
+def test_the_report_compares_every_stage_and_the_cost_of_offload(other_stages):
+    out = other_stages.proc.stdout
+    for row in ("ZeRO paper", "DeepSpeed estimator", "error", "step time s"):
+        assert row in out
+    assert "offload stage3_offload: " in out and "x the step time of stage 3" in out
+    assert "(d) every run holds what its stage promises" in out and "VERDICT: PASS" in out
+
+
+def test_a_model_that_only_stage_3_fits_under_a_memory_cap(memory_cap):
+    assert memory_cap.proc.returncode == 0, memory_cap.proc.stdout[-3000:]
+    dense, zero3 = memory_cap.runs["stage0"], memory_cap.runs["stage3"]
+    assert report.oom(dense) and any("can't allocate memory" in r["error"] for r in dense)
+    assert not report.failed(zero3) and len(zero3) == 2
+    assert "only stage 3 trains this model on this hardware, with memory capped at 1.75 GiB" in memory_cap.proc.stdout
+    assert all(r["peak_mem_bytes"] > 0 for r in dense)
+    assert "VERDICT: PASS" in memory_cap.proc.stdout
