@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from pathlib import Path
 # plus the persistent parameters) by this factor before (b) fails.
 MEMORY_SLACK = 1.25
 # Both runs of a comparison must agree on these, or they compare different things.
-SAME_IN_BOTH = ("model", "world_size", "micro_batch", "seq", "dtype", "seed")
+SAME_IN_BOTH = ("model", "world_size", "micro_batch", "seq", "dtype", "seed", "checkpoint", "compile", "max_mem_gib")
 # Both stages start from the same weights and data, so their first losses differ only by rounding.
 FIRST_LOSS_RTOL = 0.01
 EXIT_CODES = {"PASS": 0, "FAIL": 1, "NOT OBSERVABLE": 3}
@@ -60,10 +61,14 @@ def read_command(log):
     return first.partition("COMMAND ")[2] or None
 
 
+def natural(name):
+    """Sort key that puts stage3_8ranks before stage3_16ranks."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def load_runs(folder):
-    """{log name: records} for every log in a results folder, in the order the runs were made."""
-    logs = sorted(Path(folder).glob("*.log"), key=lambda p: p.stat().st_mtime)
-    return {log.stem: read_results(log) for log in logs}
+    """{log name: records} for every log in a results folder, in run.sh's order (stage, then ranks)."""
+    return {log.stem: read_results(log) for log in sorted(Path(folder).glob("*.log"), key=lambda p: natural(p.stem))}
 
 
 # -----------------------------------------------------------------------------
@@ -145,8 +150,8 @@ def estimator(records):
     estimate = first(records, "deepspeed_estimate")
     if not estimate:
         return None
-    # DeepSpeed estimates host memory per node, for all its ranks
-    per_rank_host = estimate["host"] / first(records, "world_size")
+    # DeepSpeed estimates host memory per node, for all the node's ranks
+    per_rank_host = estimate["host_per_node"] / first(records, "ranks_per_node")
     return estimate["device"] + (per_rank_host if first(records, "mem_kind") != "cuda" and offloads(records) else 0)
 
 
@@ -162,14 +167,16 @@ COMPARISON = [
     ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True),
     ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True),
-    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")), "+.1%", False),
+    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")), "+.1%",
+     False),
     ("  DeepSpeed estimator", estimator, "bytes", True),
     ("  error", lambda rs: error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False),
     ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False),
     ("other tensors", other_bytes, "bytes", False),
     ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True),
-    ("  estimated", lambda rs: worst(rs, "predicted_peak_bytes") if first(rs, "mem_kind") == "cuda" else None, "bytes", True),
+    ("  estimated", lambda rs: worst(rs, "predicted_peak_bytes") if first(rs, "mem_kind") == "cuda" else None,
+     "bytes", True),
     ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False),
     ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False),
     ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", True),
@@ -208,10 +215,12 @@ def check_partitioning(dense, zero3):
               f"(shards checked: {'ok' if all(r['shard_check_ok'] for r in counted) else 'WRONG SIZES'}), "
               f"stage 0 {counted0[0] if counted0 else 'failed before counting'}")
     same_weights = True
-    if dense and "weights_checksum" in dense[0]:
+    if "weights_checksum" in dense[0]:
         a, b = dense[0]["weights_checksum"], counted[0]["weights_checksum"]
         same_weights = math.isclose(a, b, rel_tol=1e-9)
         detail += f"; the shards hold {'exactly' if same_weights else 'NOT'} stage 0's initial weights (checksum)"
+    else:
+        detail += "; stage 0 failed before its checksum, so the weights were not compared"
     if counted[0]["world_size"] == 1:
         detail += "; with 1 rank each shard is the whole tensor"
     return ("PASS" if whole and not any(counted0) and same_weights else "FAIL"), detail
@@ -289,51 +298,62 @@ def check_pair(dense, zero3):
 
 
 def check_promises(runs):
-    """(d): every run's ranks hold the share of parameters, gradients and optimizer states that their
-    stage promises (train_gpt.py's partition_check)."""
-    counted = {name: rs for name, rs in runs.items() if rs and all("partition_check_ok" in r for r in rs)}
-    if not counted:
-        return None
-    broken = [name for name, rs in counted.items() if not all(r["partition_check_ok"] for r in rs)]
-    detail = "share held of params/grads/optimizer states: " + ", ".join(
-        f"{name} " + "/".join(f"{v:.0%}" for v in rs[0]["held_fraction"].values()) for name, rs in counted.items())
-    return ("FAIL" if broken else "PASS"), detail + (f"; NOT as promised: {', '.join(broken)}" if broken else "")
+    """(d): every run finished, or ran out of memory (a result too), and its ranks hold the share of
+    parameters, gradients and optimizer states that their stage promises (train_gpt.py's partition_check)."""
+    held, broken = [], []
+    for name, rs in runs.items():
+        if oom(rs):
+            held.append(f"{name} out of memory")
+        elif failed(rs):
+            broken.append(f"{name} {status(rs)}")
+        elif all("partition_check_ok" in r for r in rs):
+            held.append(f"{name} " + "/".join(f"{v:.0%}" for v in rs[0]["held_fraction"].values()))
+            if not all(r["partition_check_ok"] for r in rs):
+                broken.append(f"{name} not as promised")
+    detail = "share held of params/grads/optimizer states: " + ", ".join(held)
+    return ("FAIL" if broken else "PASS"), detail + ("; FAILED: " + ", ".join(broken) if broken else "")
 
 
 def offload_lines(runs):
     """What each offload run costs against stage 3 without offload, at the same number of ranks."""
-    lines = []
+    lines, stage3 = [], {world: zero3 for world, (_, zero3) in pairs(runs).items()}
     for name, rs in runs.items():
-        if offloads(rs) and rs[0].get("step_time_s"):
-            _, zero3 = pairs(runs).get(rs[0]["world_size"], ([], []))
-            cost = f"{rs[0]['step_time_s'] / zero3[0]['step_time_s']:.2f}x the step time of stage 3" \
-                if zero3 and zero3[0].get("step_time_s") else "no stage-3 run to compare"
-            where = (f"per rank, GPU model states {size(worst(rs, 'model_state_bytes'))}, host (CPU) model states "
-                     f"{size(worst(rs, 'host_state_bytes'))}, GPU peak {size(worst(rs, 'peak_mem_bytes'))}"
-                     if rs[0]["mem_kind"] == "cuda" else "without GPUs, device and host are one memory")
-            lines.append(f"offload {name}: {cost}; {where}")
+        if not offloads(rs):
+            continue
+        if failed(rs):
+            lines.append(f"offload {name}: {status(rs)}")
+            continue
+        zero3 = stage3.get(rs[0]["world_size"])
+        cost = f"{rs[0]['step_time_s'] / zero3[0]['step_time_s']:.2f}x the step time of stage 3" \
+            if zero3 and not failed(zero3) else "no stage-3 run to compare"
+        where = (f"per rank, GPU model states {size(worst(rs, 'model_state_bytes'))}, host (CPU) model states "
+                 f"{size(worst(rs, 'host_state_bytes'))}, GPU peak {size(worst(rs, 'peak_mem_bytes'))}"
+                 if rs[0]["mem_kind"] == "cuda" else "without GPUs, device and host are one memory")
+        lines.append(f"offload {name}: {cost}; {where}")
     return lines
 
 
 def verdict(runs):
-    """{world size: checks} and the overall status: FAIL if any check fails, PASS if some world size
-    passes and the rest pass or cannot show it (one rank), NOT OBSERVABLE otherwise."""
-    checks = {world: check_pair(*pair) for world, pair in sorted(pairs(runs).items())}
-    promises = check_promises(runs)
-    if promises:
-        checks.setdefault(first(next(iter(runs.values())), "world_size"), []).append(
-            ("(d) every run holds what its stage promises", *promises))
+    """{scope: [(criterion, status, detail)]}, one scope per number of ranks with a stage-0 and a stage-3 run,
+    and one for all runs; and the overall status: FAIL if any check fails, PASS if some number of ranks
+    passes (a) to (c), NOT OBSERVABLE otherwise (one rank, or no stage-0 and stage-3 pair)."""
+    checks = {f"{world} rank(s)": check_pair(*pair) for world, pair in sorted(pairs(runs).items())}
+    checks["all runs"] = [("(d) every run holds what its stage promises", *check_promises(runs))]
+    if not any(pairs(runs).values()):
+        checks["all runs"].append(("(a) to (c)", "NOT OBSERVABLE", "no stage-0 and plain stage-3 runs with the same "
+                                                                  "number of ranks; the criteria compare the two"))
     states = {state for rows in checks.values() for _, state, _ in rows}
-    if "FAIL" in states or not checks:
+    if "FAIL" in states:
         return checks, "FAIL"
-    return checks, "PASS" if any(all(s == "PASS" for _, s, _ in rows) for rows in checks.values()) else "NOT OBSERVABLE"
+    passed = any(all(s == "PASS" for _, s, _ in rows) for scope, rows in checks.items() if scope != "all runs")
+    return checks, "PASS" if passed else "NOT OBSERVABLE"
 
 
 def verdict_lines(checks):
     lines = []
-    for world, rows in checks.items():
-        if len(checks) > 1:
-            lines.append(f"{world} rank(s):")
+    for scope, rows in checks.items():
+        if len(checks) > 2:  # several numbers of ranks
+            lines.append(f"{scope}:")
         lines += [f"{state:>14}  {name}: {detail}" for name, state, detail in rows]
     return lines
 
@@ -342,7 +362,7 @@ def verdict_lines(checks):
 # the record of a run: summary.json, summary.md, memory.png
 
 
-def environment(runs):
+def run_environment(runs):
     """The software and machines of a run, from the ranks' records."""
     records = [r for rs in runs.values() for r in rs if "env" in r]
     if not records:
@@ -358,46 +378,46 @@ def summary(folder, runs, checks, overall):
         "folder": str(folder),
         "command": os.environ.get("RUN_COMMAND"),
         "commands": {name: read_command(Path(folder) / f"{name}.log") for name in runs},
-        "environment": environment(runs),
+        "environment": run_environment(runs),
         "verdict": overall,
-        "checks": {str(world): [{"criterion": n, "status": s, "detail": d} for n, s, d in rows]
-                   for world, rows in checks.items()},
+        "checks": {scope: [{"criterion": n, "status": s, "detail": d} for n, s, d in rows]
+                   for scope, rows in checks.items()},
         "results": runs,
     }
 
 
-def summary_markdown(record, runs):
+def without_nan(value):
+    """JSON has no NaN or infinity (a diverged loss); write null instead."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: without_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nan(v) for v in value]
+    return value
+
+
+def summary_markdown(record, runs, checks):
     env = record["environment"]
-    lines = [f"# ZeRO benchmark: {record['verdict']}", "", f"`{record['command'] or 'python report.py ' + record['folder']}`", ""]
+    command = record["command"] or f"python3 report.py {record['folder']}"
+    lines = [f"# ZeRO benchmark: {record['verdict']}", "", f"`{command}`", ""]
     if env:
         lines += ["| | |", "|---|---|"] + [f"| {k} | {', '.join(map(str, v)) if isinstance(v, list) else v} |"
                                             for k, v in env.items()] + [""]
     lines += ["## Commands", ""] + [f"- {name}: `{cmd}`" for name, cmd in record["commands"].items() if cmd] + [""]
     lines += ["## Comparison", "", "```", comparison_table(runs), "```", "", "## Verdict", "", "```",
-              *verdict_lines({int(w): [(c["criterion"], c["status"], c["detail"]) for c in rows]
-                              for w, rows in record["checks"].items()}), "```", ""]
+              *verdict_lines(checks), "```", ""]
     for name, records in runs.items():
         if records:
             lines += [f"## {name}: each rank", "", "```", rank_table(records), "```", ""]
     return "\n".join(lines)
 
 
-def plot(folder, runs):
-    """memory.png: per run and rank, the measured peak, the measured model states and the predicted ones;
-    with several world sizes, also the most any rank holds against the number of ranks, beside the ideal 1/G.
-    Returns a line that says what was drawn, or why not."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "memory.png skipped: matplotlib is not installed (pip install matplotlib)"
-    worlds = pairs(runs)
+def draw_per_rank(ax, runs):
+    """Bars per run and rank: the measured peak, the measured model states, the predicted ones, and the
+    host's model states with offload. Returns the number of series."""
     bars = [(f"{name}, rank {r['rank']}" + (" (OOM)" if r["oom"] else " (failed)" if r["error"] else ""), r)
             for name, records in runs.items() for r in records]
-    fig, axes = plt.subplots(1, 2 if len(worlds) > 1 else 1, squeeze=False,
-                             figsize=(15 if len(worlds) > 1 else 9, max(4.0, 1.5 + 0.32 * len(bars))))
-    ax = axes[0][0]
     series = [("measured peak", "peak_mem_bytes"), ("measured model states", "model_state_bytes"),
               ("predicted model states", "predicted_model_state_bytes")]
     if any(r.get("host_state_bytes") for _, r in bars):
@@ -413,29 +433,55 @@ def plot(folder, runs):
         ax.set_xscale("log")
     ax.set_xlabel("GiB per rank")
     ax.set_title("Memory per rank")
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower left", ncol=len(series), fontsize=9)
+    return len(series)
+
+
+def draw_scaling(ax, worlds):
+    """Lines against the number of ranks G: the most any rank holds of model states at stages 0 and 3 and,
+    on GPUs, stage 3's peak, beside the ideal: stage 0's model states over G."""
+    sizes = sorted(worlds)
+    dense_at = {g: dense for g, (dense, _) in worlds.items()}
+    zero3_at = {g: zero3 for g, (_, zero3) in worlds.items()}
+    base = next(filter(None, (worst(dense_at[g], "model_state_bytes") for g in sizes)), None)
+    if base:
+        ax.plot(sizes, [gib(base) / g for g in sizes], ":", color="gray", linewidth=3,
+                label="ideal: stage 0 model states / G")
+    lines = [("stage 0 model states", dense_at, "model_state_bytes", "s--"),
+             ("stage 3 model states", zero3_at, "model_state_bytes", "o-")]
+    if first(zero3_at[sizes[-1]], "mem_kind") == "cuda":  # a CPU's peak RSS is mostly the runtime
+        lines.append(("stage 3 peak", zero3_at, "peak_mem_bytes", "^-"))
+    for label, run_at, key, style in lines:
+        points = [(g, gib(worst(run_at[g], key))) for g in sizes if worst(run_at[g], key)]
+        if points:
+            ax.plot(*zip(*points), style, label=label)
+    for g in sizes:
+        if oom(dense_at[g]):
+            ax.annotate("stage 0: OOM", (g, gib(base or 0)), ha="right", va="bottom", color="red", fontsize=9)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(g) for g in sizes])
+    ax.set_xlabel("ranks (G)")
+    ax.set_ylabel("GiB per rank (the most any rank holds)")
+    ax.set_title("Memory per rank against the number of ranks")
+    ax.legend(fontsize=8)
+
+
+def plot(folder, runs):
+    """memory.png: memory per run and rank; with several numbers of ranks, also memory against the number
+    of ranks. Returns a line that says what was drawn, or why not."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "memory.png skipped: matplotlib is not installed (pip install matplotlib)"
+    worlds = pairs(runs)
+    rows = sum(len(records) for records in runs.values())
+    fig, axes = plt.subplots(1, 2 if len(worlds) > 1 else 1, squeeze=False,
+                             figsize=(15 if len(worlds) > 1 else 9, max(4.0, 1.5 + 0.32 * rows)))
+    series = draw_per_rank(axes[0][0], runs)
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower left", ncol=series, fontsize=9)
     if len(worlds) > 1:
-        ax = axes[0][1]
-        sizes = sorted(worlds)
-        base = next((worst(worlds[g][0], "model_state_bytes") for g in sizes if worst(worlds[g][0], "model_state_bytes")), None)
-        if base:
-            ax.plot(sizes, [gib(base) / g for g in sizes], ":", color="gray", linewidth=3, label="ideal: stage 0 model states / G")
-        lines = [(0, "model_state_bytes", "s--"), (3, "model_state_bytes", "o-")]
-        if worlds[sizes[-1]][1] and worlds[sizes[-1]][1][0]["mem_kind"] == "cuda":  # a CPU's peak RSS is the runtime
-            lines.append((3, "peak_mem_bytes", "^-"))
-        for stage, key, style in lines:
-            points = [(g, gib(worst(worlds[g][stage == 3], key))) for g in sizes if worst(worlds[g][stage == 3], key)]
-            if points:
-                ax.plot(*zip(*points), style, label=f"stage {stage} {'model states' if 'state' in key else 'peak'}")
-        for g in sizes:
-            if oom(worlds[g][0]):
-                ax.annotate("stage 0: OOM", (g, gib(base or 0)), ha="right", va="bottom", color="red", fontsize=9)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(g) for g in sizes])
-        ax.set_xlabel("ranks (G)")
-        ax.set_ylabel("GiB per rank (the most any rank holds)")
-        ax.set_title("Memory per rank against the number of ranks")
-        ax.legend(fontsize=8)
+        draw_scaling(axes[0][1], worlds)
     fig.tight_layout(rect=(0, 0.04 + 0.4 / fig.get_figheight(), 1, 1))  # room for the legend below
     fig.savefig(Path(folder) / "memory.png", dpi=110)
     plt.close(fig)
@@ -444,8 +490,8 @@ def plot(folder, runs):
 
 def write_record(folder, runs, checks, overall):
     record = summary(folder, runs, checks, overall)
-    Path(folder, "summary.json").write_text(json.dumps(record, indent=1))
-    Path(folder, "summary.md").write_text(summary_markdown(record, runs))
+    Path(folder, "summary.json").write_text(json.dumps(without_nan(record), indent=1, allow_nan=False))
+    Path(folder, "summary.md").write_text(summary_markdown(record, runs, checks))
     return plot(folder, runs)
 
 
@@ -466,12 +512,18 @@ TRACKED = {
 
 def compare(a, b, tolerance):
     """Print what moved between two results folders, run by run; return 1 if memory or speed regressed
-    by more than tolerance percent (or a run stopped finishing), else 0."""
+    by more than tolerance percent, a run of A is missing from B or no longer finishes, or a run measured
+    something else (another model, batch, dtype, number of ranks or GPUs), else 0."""
     runs_a, runs_b = load_runs(a), load_runs(b)
     rows, regressed = [("run", "figure", "A", "B", "change", "")], []
+    regressed += [f"{name} is missing from B" for name in runs_a if name not in runs_b]
     for name in [n for n in runs_a if n in runs_b]:
         if status(runs_a[name]).startswith("ok") and not status(runs_b[name]).startswith("ok"):
             regressed.append(f"{name} no longer finishes ({status(runs_b[name])})")
+        differ = [key for key in (*SAME_IN_BOTH, "gpus") if runs_a[name] and runs_b[name]
+                  and runs_a[name][0].get(key) != runs_b[name][0].get(key)]
+        if differ:
+            regressed.append(f"{name} measured something else: it differs in {', '.join(differ)}")
         for figure, (get, bad, spec) in TRACKED.items():
             before, after = get(runs_a[name]), get(runs_b[name])
             if not before or after is None:
@@ -480,11 +532,12 @@ def compare(a, b, tolerance):
             worse = bad == "rise" and moved > tolerance / 100 or bad == "fall" and moved < -tolerance / 100
             if worse:
                 regressed.append(f"{name} {figure} {signed_pct(moved)}")
-            rows.append((name, figure, fmt(before, spec), fmt(after, spec), signed_pct(moved), "REGRESSED" if worse else ""))
+            rows.append((name, figure, fmt(before, spec), fmt(after, spec), signed_pct(moved),
+                         "REGRESSED" if worse else ""))
     print(format_table(rows))
-    only = sorted(set(runs_a) ^ set(runs_b))
-    if only:
-        print(f"\nin one folder only: {', '.join(only)}")
+    new = [name for name in runs_b if name not in runs_a]
+    if new:
+        print(f"\nin B only: {', '.join(new)}")
     print(f"\n{len(regressed)} regression(s) beyond {tolerance}%" + (": " + "; ".join(regressed) if regressed else ""))
     return 1 if regressed else 0
 

@@ -9,7 +9,7 @@
 # logs elsewhere.
 set -uo pipefail
 results=$(realpath -m "${RESULTS:-$(dirname "$0")/results}")
-command="bash run.sh $*"
+command="bash run.sh"; [ $# -eq 0 ] || command+=$(printf ' %q' "$@")
 cd "$(dirname "$0")"
 ranks=${RANKS:-} stages="0 3"
 while [ $# -gt 0 ]; do
@@ -24,6 +24,9 @@ while [ $# -gt 0 ]; do
 done
 read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
 print(torch.cuda.device_count() or 2, s.getsockname()[1])') || exit 1
+if [ -n "${HOSTFILE:-}" ] && [ -n "$ranks" ]; then
+  echo "run.sh: error: with HOSTFILE the hostfile's slots set the ranks; drop --ranks" >&2; exit 2
+fi
 mkdir -p "$results"
 out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
 for n in ${ranks:-$gpus}; do

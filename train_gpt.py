@@ -79,9 +79,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 EXIT_FAILED, EXIT_BAD_INPUT, EXIT_OOM, EXIT_NONFINITE = 1, 2, 3, 4
 
-# A rank's share of each kind of model state may differ from its stage's promise by this fraction.
-PARTITION_TOLERANCE = 0.10
-
 
 def fail(msg):
     """Bad input: one line on stderr, exit status 2, no traceback."""
@@ -303,7 +300,8 @@ def normalise_cuda_arch_list():
 def init_distributed():
     """Join the process group under the deepspeed launcher, torchrun, or plain python (one rank).
     With more ranks on a host than GPUs, the ranks share the GPUs over gloo: a rehearsal, in which each
-    rank's memory is real but speed is not. Returns the device, ranks per GPU and GPUs in the job."""
+    rank's memory is real but speed is not. Returns the device, the ranks per node and per GPU, and the
+    GPUs in the job."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(key, value)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
@@ -321,7 +319,10 @@ def init_distributed():
         device, ranks_per_gpu, gpus, backend = torch.device("cpu"), 1, world, "gloo"
         torch.set_num_threads(max(1, os.cpu_count() // local_size))
     deepspeed.init_distributed(dist_backend=backend)
-    return device, ranks_per_gpu, gpus
+    return device, local_size, ranks_per_gpu, gpus
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def cap_memory(device, gib):
@@ -332,9 +333,10 @@ def cap_memory(device, gib):
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
     else:
-        # glibc keeps freed blocks below a moving threshold in its heap; a fixed one (M_MMAP_THRESHOLD, -3)
-        # hands every block over 64 KiB back when freed, so the data segment tracks the live tensors
-        ctypes.CDLL(None).mallopt(-3, 64 * 1024)
+        torch.ones(1 << 22).sum()  # start torch's thread pool now: its threads' stacks count as data too
+        # glibc keeps freed blocks below a moving threshold in its heap; a fixed threshold hands every block
+        # over 64 KiB back when freed, so the data segment follows the live tensors
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 64 * 1024)
         data_kib = int(re.search(r"VmData:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
         resource.setrlimit(resource.RLIMIT_DATA, (data_kib * 1024 + int(gib * 2**30), resource.RLIM_INFINITY))
 
@@ -351,7 +353,7 @@ def build_model(args, config, device):
     return model
 
 
-def adamw(model, lr, device):
+def adamw(model, lr):
     """AdamW as in GPT-3, with no weight decay on biases and LayerNorms. torch's fused kernel needs no
     JIT build: DeepSpeed's FusedAdam took 42 s to build on an H200, held 4.9 GiB more at stage 0 and was
     7% faster at micro batch 2 (benchmarks/h200/1-first-look)."""
@@ -364,7 +366,7 @@ def adamw(model, lr, device):
 
 def build_engine(model, args, config, device):
     """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW."""
-    optimizer = None if "optimizer" in config else adamw(model, args.lr, device)
+    optimizer = None if "optimizer" in config else adamw(model, args.lr)
     # ZeRO-3 gathers a whole block's parameters at once, rather than each Linear's: fewer hooks and
     # collectives, 1.3x faster on one H200 at micro batch 2, at the cost of one block (~100 MB) in flight
     if args.stage == 3:
@@ -500,76 +502,122 @@ def gathered_tensors(model):
     return sum(1 for p in model.parameters() if is_zero_param(p) and not p.ds_persist and p.numel() > 0)
 
 
-def predicted_states(stage, dtype, shards, world):
+# -----------------------------------------------------------------------------
+# theory: what the ZeRO paper, DeepSpeed's estimator and a count of activations predict
+
+
+def shard_elems(stage, shards, world):
+    """The elements of this rank's partition: its shards at stage 3, 1/G of the one flat buffer that stages
+    1 and 2 split, and every element at stage 0."""
+    if stage == 3:
+        return shards["local_param_elems"]
+    return shards["params_total"] / world if stage else shards["params_total"]
+
+
+def predicted_states(stage, dtype, full, shard, persistent):
     """The ZeRO paper's model states of one rank, by kind, for mixed-precision Adam: 16-bit weights and
     gradients (2 + 2 bytes per parameter) and K = 12 for fp32 master weights, momentum and variance.
-    Stage 1 partitions the K bytes over the G ranks, stage 2 the gradients too, stage 3 the weights too,
-    plus the whole 16-bit copies of persistent parameters. In fp32, stage 0 steps the weights themselves,
-    but ZeRO's optimizers keep an fp32 copy anyway (at stage 3, stage3.py compares a tensor's device with
-    a string, so it never reuses the weights): 4 more bytes per shard element."""
+    Stage 1 partitions the K bytes over the ranks, stage 2 the gradients too, stage 3 the weights too,
+    which also keeps whole 16-bit copies of its persistent parameters. full: the model's parameters;
+    shard: this rank's partition; persistent: the elements kept whole besides. In fp32, stage 0 steps the
+    weights themselves, but ZeRO's optimizers keep an fp32 copy anyway (at stage 3, stage3.py compares a
+    tensor's device with a string, so it never reuses the weights): 4 more bytes per partition element."""
     width = DTYPES[dtype].itemsize
-    full = shards["params_total"]
-    shard = shards["local_param_elems"] if stage == 3 else full / world  # stages 1-2 split one flat buffer
     master = 4 if width < 4 or stage > 0 else 0
     return {
-        "params": width * (shard + shards["persistent_elems"] if stage == 3 else full),
+        "params": width * (shard + persistent if stage == 3 else full),
         "grads": width * (shard if stage >= 2 else full),
         "master": master * (shard if stage >= 1 else full),
         "moments": 8 * (shard if stage >= 1 else full),
     }
 
 
-def offloaded_kinds(offload):
-    """The kinds of model state that ZeRO-Offload (optimizer) and ZeRO-Infinity (parameters) keep in host memory."""
-    return (["master", "moments"] if offload["optimizer"] else []) + (["params"] if offload["param"] else [])
+def offload_devices(zero):
+    """{"optimizer": device or None, "param": device or None} from a config's zero_optimization."""
+    devices = {kind: (zero.get(f"offload_{kind}") or {}).get("device") for kind in ("optimizer", "param")}
+    return {kind: None if device in (None, "none") else device for kind, device in devices.items()}
 
 
-def deepspeed_estimate(stage, shards, world, offload):
-    """DeepSpeed's own estimator of model states per GPU and per host, called on the counts (a partitioned
-    model reports numel 0). DeepSpeed has none for stage 0; stages 1 and 2 share the stage-2 estimator."""
+def host_kinds(offload):
+    """The kinds of model state in host memory: with the optimizer offloaded (ZeRO-Offload), the gradient
+    partitions it steps on besides its fp32 weights and moments; with the parameters too (ZeRO-Infinity),
+    the 16-bit weights."""
+    return (["grads", "master", "moments"] if offload["optimizer"] else []) + (["params"] if offload["param"] else [])
+
+
+def deepspeed_estimate(stage, shards, ranks_per_node, nodes, offload):
+    """DeepSpeed's own estimator of model states, per GPU and per node, called on the counts (a partitioned
+    model reports numel 0). It has none for stage 0; stage 1 borrows stage 2's, which partitions gradients."""
     if stage == 0:
         return None
-    total = shards["params_total"]
+    total, optimizer_off = shards["params_total"], bool(offload["optimizer"])
     if stage == 3:
         host, device, _ = estimate_zero3_model_states_mem_needs(
-            total, shards["largest_param_elems"], num_gpus_per_node=world, cpu_offload=bool(offload["optimizer"]),
-            cpu_offload_params=bool(offload["param"]))
+            total, shards["largest_param_elems"], num_gpus_per_node=ranks_per_node, num_nodes=nodes,
+            cpu_offload=optimizer_off, cpu_offload_params=bool(offload["param"]))
     else:
-        host, device = estimate_zero2_model_states_mem_needs(total, num_gpus_per_node=world,
-                                                             cpu_offload=bool(offload["optimizer"]))
-    return {"device": device, "host": host}
+        host, device = estimate_zero2_model_states_mem_needs(total, num_gpus_per_node=ranks_per_node, num_nodes=nodes,
+                                                             cpu_offload=optimizer_off)
+    return {"device": device, "host_per_node": host}
 
 
-def activation_bytes(args, layers, d_model, heads, vocab, flash):
+def activation_bytes(args, layers, heads, d_model, vocab, flash):
     """Activations saved for backward, after Korthikanti et al. (2022): 34 bytes per token and model
     dimension per layer in 16 bits, plus 5 per attention score unless flash attention keeps none; with
     checkpointing, each layer's input only, plus one layer recomputed. Then the logits at the start of
-    backward: the saved fp32 log-softmax, its gradient and the gradient of the logits, fp32 and bf16
-    (14 bytes per logit)."""
-    tokens = args.micro_batch * args.seq
-    layer = 34 * tokens * d_model + (0 if flash else 5 * heads * args.seq * tokens)
-    blocks = layers * 2 * tokens * d_model + layer if args.checkpoint else layers * layer
-    return blocks + 14 * tokens * 64 * math.ceil(vocab / 64)
+    backward: the saved fp32 log-softmax, its gradient and the logits' fp32 and own-dtype gradients."""
+    width, tokens = DTYPES[args.dtype].itemsize, args.micro_batch * args.seq
+    layer = width / 2 * (34 * tokens * d_model + (0 if flash else 5 * heads * args.seq * tokens))
+    blocks = layers * width * tokens * d_model + layer if args.checkpoint else layers * layer
+    return blocks + (12 + width) * tokens * 64 * math.ceil(vocab / 64)
 
 
-def step_transient_bytes(stage, shards, world, offload):
-    """The fp32 gradients the optimizer step makes on the device: of every parameter at stage 0, of this
-    rank's partition above; none when the optimizer runs on the host."""
-    if offload["optimizer"]:
-        return 0
-    return 4 * (shards["params_total"] if stage == 0 else shards["local_param_elems"] if stage == 3
-                else shards["params_total"] / world)
+def predict_memory(r, args, device, zero):
+    """What theory says this rank holds: the paper's model states by kind and by where they live, DeepSpeed's
+    estimate, the activations, the fp32 gradients that the optimizer step makes on the device, and the peak:
+    model states, the measured other tensors (buckets), the parameters that stage 3 gathers ahead, and the
+    larger of the activations and the step's gradients."""
+    stage, width = args.stage, DTYPES[args.dtype].itemsize
+    flash = device.type == "cuda" and width == 2  # SDPA's flash kernels take 16-bit inputs only
+    shard = shard_elems(stage, r, r["world_size"])
+    predicted = predicted_states(stage, args.dtype, r["params_total"], shard, r["persistent_elems"])
+    on_host = host_kinds(r["offload"]) if device.type != "cpu" else []  # without GPUs it is all one memory
+    layers, heads, d_model, vocab = PRESETS[args.model][:4]
+    figures = {
+        "predicted_breakdown": predicted,
+        "predicted_model_state_bytes": sum(v for k, v in predicted.items() if k not in on_host),
+        "predicted_host_state_bytes": sum(v for k, v in predicted.items() if k in on_host),
+        "deepspeed_estimate": deepspeed_estimate(stage, r, r["ranks_per_node"], r["world_size"] // r["ranks_per_node"],
+                                                 r["offload"]),
+        "activation_estimate_bytes": activation_bytes(args, layers, heads, d_model, vocab, flash),
+        "step_transient_bytes": 0 if r["offload"]["optimizer"] else 4 * shard,
+    }
+    prefetch = width * zero.get("stage3_prefetch_bucket_size", 5e7) if stage == 3 else 0
+    busiest = max(figures["activation_estimate_bytes"], figures["step_transient_bytes"])
+    figures["predicted_peak_bytes"] = (figures["predicted_model_state_bytes"] + r["model_state_breakdown"]["other"]
+                                       + prefetch + busiest)
+    return figures
 
 
-def held_fractions(held_bytes, stage, dtype, shards):
-    """The share of the whole model's parameters, gradients and optimizer states that this rank holds,
-    against the share that its stage promises; the whole is what one rank would hold alone."""
-    whole = predicted_states(stage, dtype, {**shards, "local_param_elems": shards["params_total"],
-                                            "persistent_elems": 0}, 1)
-    promised = predicted_states(stage, dtype, shards, shards["world_size"])
-    kinds = {"params": ["params"], "grads": ["grads"], "optimizer": ["master", "moments"]}
-    share = lambda b: {k: sum(b[p] for p in parts) / sum(whole[p] for p in parts) for k, parts in kinds.items()}
-    return share(held_bytes), share(promised)
+# -----------------------------------------------------------------------------
+# checks: what each rank holds against what its stage promises
+
+# A rank's share of each kind of model state may differ from its stage's promise by this fraction, and a
+# measurement may differ from the paper by EXPLAIN_BEYOND before the output says where the difference goes.
+PARTITION_TOLERANCE = 0.10
+EXPLAIN_BEYOND = 0.10
+STATE_KINDS = {"params": ["params"], "grads": ["grads"], "optimizer": ["master", "moments"]}
+
+
+def held_bytes(r):
+    """This rank's model states by kind, on the device and in host memory together."""
+    host = r.get("host_state_breakdown", {})
+    return {k: r["model_state_breakdown"][k] + host.get(k, 0) for k in ("params", "grads", "master", "moments")}
+
+
+def shares(states, whole):
+    """Each kind of model state as a share of what one rank would hold alone."""
+    return {kind: sum(states[p] for p in parts) / sum(whole[p] for p in parts) for kind, parts in STATE_KINDS.items()}
 
 
 def partition_check(held, promised, stage, shards):
@@ -587,56 +635,29 @@ def partition_check(held, promised, stage, shards):
 CAUSES = {
     ("grads", 1, (1, 2)): "DeepSpeed keeps whole the gradients of tensors that straddle this rank's partition",
     ("grads", -1, (1,)): "DeepSpeed's stage 1 also reduces the gradients into this rank's partition during backward",
-    ("master", 1, (0, 1, 2, 3)): "a separate fp32 copy of the weights",
     ("params", 1, (3,)): "partitioned parameters still gathered after backward (gathered layers)",
 }
 
 
 def differences(r):
-    """Where measured memory departs from the prediction by more than 10%, in words."""
-    found = []
-    measured = {k: r["model_state_breakdown"][k] + r.get("host_state_breakdown", {}).get(k, 0)
-                for k in r["predicted_breakdown"]}
-    total = sum(r["predicted_breakdown"].values())
-    if abs(sum(measured.values()) / total - 1) > 0.10:
-        for kind, predicted in r["predicted_breakdown"].items():
-            diff = measured[kind] - predicted
-            if abs(diff) > 0.02 * total:
+    """Where the measured memory departs from theory by more than EXPLAIN_BEYOND, in words."""
+    found, measured, predicted = [], held_bytes(r), r["predicted_breakdown"]
+    total = sum(predicted.values())
+    if abs(sum(measured.values()) / total - 1) > EXPLAIN_BEYOND:
+        for kind in predicted:
+            diff = measured[kind] - predicted[kind]
+            if abs(diff) > 0.02 * total:  # the kinds that make the difference
                 cause = next((c for (k, sign, stages), c in CAUSES.items()
                               if k == kind and sign * diff > 0 and r["stage"] in stages), "no known cause")
                 found.append(f"model states: {kind} {'+' if diff > 0 else '-'}{report.size(abs(diff))}: {cause}")
-    if r["mem_kind"] == "cuda" and abs(r["peak_mem_bytes"] / r["predicted_peak_bytes"] - 1) > 0.10:
-        found.append(f"peak: {report.size(r['peak_mem_bytes'])} measured against {report.size(r['predicted_peak_bytes'])} "
-                     f"estimated: model states, other tensors (buckets) {report.size(r['model_state_breakdown']['other'])}, and "
-                     f"the larger of activations {report.size(r['activation_estimate_bytes'])} and the optimizer step's "
-                     f"fp32 gradients {report.size(r['step_transient_bytes'])}")
+    if r["mem_kind"] == "cuda" and abs(r["peak_mem_bytes"] / r["predicted_peak_bytes"] - 1) > EXPLAIN_BEYOND:
+        size = report.size
+        found.append(f"peak: {size(r['peak_mem_bytes'])} measured against {size(r['predicted_peak_bytes'])} "
+                     f"estimated from model states, other tensors {size(r['model_state_breakdown']['other'])}, "
+                     f"parameters gathered ahead, and the larger of activations "
+                     f"{size(r['activation_estimate_bytes'])} and the step's fp32 gradients "
+                     f"{size(r['step_transient_bytes'])}")
     return found
-
-
-def account_for_memory(result, args, device):
-    """Beside each measured figure, what theory predicts: the ZeRO paper's model states by kind and by where
-    they live, DeepSpeed's estimator, activations, and the peak those add up to; the rank's share of each
-    kind of state against its stage's promise; and, in words, where a difference over 10% goes."""
-    stage, world, offload = args.stage, result["world_size"], result["offload"]
-    predicted = predicted_states(stage, args.dtype, result, world)
-    on_host = offloaded_kinds(offload) if device.type != "cpu" else []  # on a CPU it is all one memory
-    layers, heads, d_model, vocab = PRESETS[args.model][:4]
-    result.update(
-        predicted_breakdown=predicted,
-        predicted_model_state_bytes=sum(v for k, v in predicted.items() if k not in on_host),
-        predicted_host_state_bytes=sum(v for k, v in predicted.items() if k in on_host),
-        deepspeed_estimate=deepspeed_estimate(stage, result, world, offload),
-        activation_estimate_bytes=activation_bytes(args, layers, d_model, heads, vocab, device.type == "cuda"),
-        step_transient_bytes=step_transient_bytes(stage, result, world, offload),
-    )
-    result["predicted_peak_bytes"] = (result["predicted_model_state_bytes"] + result["model_state_breakdown"]["other"]
-                                      + max(result["activation_estimate_bytes"], result["step_transient_bytes"]))
-    held_bytes = {k: result["model_state_breakdown"][k] + result.get("host_state_breakdown", {}).get(k, 0)
-                  for k in predicted}
-    held, promised = held_fractions(held_bytes, stage, args.dtype, result)
-    result.update(held_fraction=held, promised_fraction=promised,
-                  partition_check_ok=partition_check(held, promised, stage, result))
-    result["differences"] = differences(result)
 
 
 def peak_tflops(device, dtype):
@@ -680,7 +701,7 @@ def train(engine, args, device, rank, world, flops_per_token, peak, result):
         elapsed = time.perf_counter() - t0
         if step == args.steps:
             result["model_state_breakdown"] = model_state_census(engine, device)
-            if device.type != "cpu" and offloaded_kinds(result["offload"]):
+            if device.type != "cpu" and host_kinds(result["offload"]):
                 result["host_state_breakdown"] = model_state_census(engine, torch.device("cpu"))
             result["gathered_tensors"] = gathered_tensors(engine.module)
         sync()
@@ -697,6 +718,10 @@ def train(engine, args, device, rank, world, flops_per_token, peak, result):
                   f"mfu {report.pct(tflops / peak if peak else None)}")
 
 
+def model_states(breakdown):
+    return sum(v for k, v in breakdown.items() if k != "other")
+
+
 def summarize(result, args, flops_per_token, peak):
     """Whole-run figures from the per-step records. Speed is the median over steps 2..N: step 1 pays
     for allocations, kernel selection and ZeRO-3's first trace."""
@@ -705,13 +730,12 @@ def summarize(result, args, flops_per_token, peak):
     tokens_per_s = result["world_size"] * args.micro_batch * args.seq / step_time
     tflops = tflops_per_gpu(flops_per_token, tokens_per_s, result["gpus"])
     losses = [s["loss"] for s in steps]
-    states = lambda breakdown: sum(v for k, v in breakdown.items() if k != "other")
     result.update(
         losses=losses, first_loss=losses[0], nonfinite_loss=not all(map(math.isfinite, losses)),
         step_time_s=step_time, tokens_per_s=tokens_per_s, tflops_per_gpu=tflops,
         mfu=tflops / peak if peak else None,
-        model_state_bytes=states(result["model_state_breakdown"]),
-        host_state_bytes=states(result.get("host_state_breakdown", {})),
+        model_state_bytes=model_states(result["model_state_breakdown"]),
+        host_state_bytes=model_states(result.get("host_state_breakdown", {})),
     )
     for key in ("peak_mem_bytes", "peak_reserved_bytes"):
         if key in result:
@@ -746,6 +770,10 @@ def phase(rank, name):
     log(rank, f"{name}: done in {time.perf_counter() - start:.1f} s")
 
 
+def kinds_text(breakdown):
+    return ", ".join(f"{kind} {report.size(breakdown[kind])}" for kind in ("params", "grads", "master", "moments"))
+
+
 def human_lines(r):
     """What one rank holds, in words; a rank that failed early has fewer figures."""
     tag, rank, gib = f"[Stage {r['stage']}]", f"Rank {r['rank']}", report.gib
@@ -756,31 +784,33 @@ def human_lines(r):
                      f"{r['local_param_elems']:,} of {r['params_total']:,}, shard sizes: "
                      f"{'ok' if r['shard_check_ok'] else 'WRONG'}")
     if "model_state_bytes" in r:
-        b, size = r["model_state_breakdown"], report.size
-        lines.append(f"{tag} {rank} model states: {size(r['model_state_bytes'])} (params {size(b['params'])}, "
-                     f"grads {size(b['grads'])}, master {size(b['master'])}, moments {size(b['moments'])}) vs ZeRO "
-                     f"prediction {size(r['predicted_model_state_bytes'])} "
-                     f"({report.signed_pct(r['model_state_bytes'] / r['predicted_model_state_bytes'] - 1)}); "
-                     f"other tensors {size(b['other'])}; partitioned parameters still gathered after backward: "
-                     f"{r['gathered_tensors']}")
+        size = report.size
+        lines.append(f"{tag} {rank} model states: {size(r['model_state_bytes'])} "
+                     f"({kinds_text(r['model_state_breakdown'])}) vs ZeRO prediction "
+                     f"{size(r['predicted_model_state_bytes'])} "
+                     f"({report.signed_pct(r['model_state_bytes'] / r['predicted_model_state_bytes'] - 1)}); other "
+                     f"tensors {size(r['model_state_breakdown']['other'])}; partitioned parameters still gathered "
+                     f"after backward: {r['gathered_tensors']}")
         if "host_state_breakdown" in r:
-            h = r["host_state_breakdown"]
-            lines.append(f"{tag} {rank} host (CPU) model states: {size(r['host_state_bytes'])} (params {size(h['params'])}, "
-                         f"grads {size(h['grads'])}, master {size(h['master'])}, moments {size(h['moments'])}) vs "
-                         f"prediction {size(r['predicted_host_state_bytes'])}; other host tensors {size(h['other'])}")
+            lines.append(f"{tag} {rank} host (CPU) model states: {size(r['host_state_bytes'])} "
+                         f"({kinds_text(r['host_state_breakdown'])}) vs prediction "
+                         f"{size(r['predicted_host_state_bytes'])}; other host tensors "
+                         f"{size(r['host_state_breakdown']['other'])}")
         held, promised = r["held_fraction"], r["promised_fraction"]
         lines.append(f"{tag} {rank} holds of the whole model's states: " + ", ".join(
             f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +
             f": {'as' if r['partition_check_ok'] else 'NOT as'} stage {r['stage']} promises")
         estimate = r["deepspeed_estimate"]
-        lines.append(f"{tag} {rank} DeepSpeed's estimator: " + (
-            f"{size(estimate['device'])} per GPU, {size(estimate['host'])} per host" if estimate else "none for stage 0") +
-            f"; activations estimated at {size(r['activation_estimate_bytes'])}, the optimizer step's fp32 gradients at "
-            f"{size(r['step_transient_bytes'])}" + (f"; peak estimated at {size(r['predicted_peak_bytes'])}"
-                                                    if r["mem_kind"] == "cuda" else ""))
+        if estimate:
+            lines.append(f"{tag} {rank} DeepSpeed's estimator: {size(estimate['device'])} per device, "
+                         f"{size(estimate['host_per_node'])} per node")
+        peak = f"; the peak at {size(r['predicted_peak_bytes'])}" if r["mem_kind"] == "cuda" else ""
+        lines.append(f"{tag} {rank} estimated: activations {size(r['activation_estimate_bytes'])}, the optimizer "
+                     f"step's fp32 gradients {size(r['step_transient_bytes'])}{peak}")
         lines += [f"{tag} {rank} difference: {d}" for d in r["differences"]]
     if r["rank"] == 0 and r.get("losses"):
-        lines.append(f"{tag} first-step loss: {r['first_loss']:.4f}; losses: " + ", ".join(f"{x:.4f}" for x in r["losses"]))
+        losses = ", ".join(f"{x:.4f}" for x in r["losses"])
+        lines.append(f"{tag} first-step loss: {r['first_loss']:.4f}; losses: {losses}")
     if r["mem_kind"] == "cuda":
         extra = (f"peak allocated; reserved {gib(r.get('peak_reserved_bytes', 0)):.2f}, after init "
                  f"{gib(r.get('mem_after_init_bytes', 0)):.2f}, device {gib(r.get('device_total_bytes', 0)):.1f} GiB")
@@ -810,13 +840,11 @@ def run(args, config, result):
     normalise_cuda_arch_list()
     rank = int(os.environ.get("RANK", 0))
     with phase(rank, "starting the process group"):
-        device, ranks_per_gpu, gpus = init_distributed()
+        device, ranks_per_node, ranks_per_gpu, gpus = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
-    zero = config.get("zero_optimization", {})
     result.update(rank=rank, world_size=world, rehearsal=ranks_per_gpu > 1, ranks_per_gpu=ranks_per_gpu,
-                  gpus=gpus, env=environment(device),
-                  offload={kind: zero.get(f"offload_{kind}", {}).get("device") not in (None, "none")
-                           and zero[f"offload_{kind}"]["device"] for kind in ("optimizer", "param")})
+                  ranks_per_node=ranks_per_node, gpus=gpus, env=environment(device),
+                  offload=offload_devices(config.get("zero_optimization", {})))
     if ranks_per_gpu > 1:
         log(rank, f"REHEARSAL: {world} ranks share {gpus} GPU(s) over gloo: each rank's memory is real, "
                   "its speed is not")
@@ -844,21 +872,31 @@ def run(args, config, result):
     peak = peak_tflops(device, args.dtype)
     train(engine, args, device, rank, world, flops_per_token, peak, result)
     summarize(result, args, flops_per_token, peak)
-    account_for_memory(result, args, device)
+    result.update(predict_memory(result, args, device, config.get("zero_optimization", {})))
+    whole = predicted_states(args.stage, args.dtype, result["params_total"], result["params_total"], 0)
+    held, promised = shares(held_bytes(result), whole), shares(result["predicted_breakdown"], whole)
+    result.update(held_fraction=held, promised_fraction=promised,
+                  partition_check_ok=partition_check(held, promised, args.stage, result))
+    result["differences"] = differences(result)
 
 
 def out_of_memory(e):
-    """A GPU's out-of-memory, or a CPU allocation refused (as under --max-mem-gib)."""
-    return isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "DefaultCPUAllocator: can't allocate memory" in str(e)
+    """A GPU's out-of-memory (from PyTorch's allocator, or a CUDA call such as a pinned host buffer's), or a
+    CPU allocation refused (as under --max-mem-gib)."""
+    text = str(e)
+    return (isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower()
+            or "DefaultCPUAllocator: can't allocate memory" in text)
 
 
 def main(argv=None):
     args = parse_args(argv)
     config = resolve(args)
-    result = {"stage": args.stage, "rank": int(os.environ.get("RANK", 0)), "world_size": int(os.environ.get("WORLD_SIZE", 1)),
+    result = {"stage": args.stage, "rank": int(os.environ.get("RANK", 0)),
+              "world_size": int(os.environ.get("WORLD_SIZE", 1)),
               "model": args.model, "config": str(args.config), "dtype": args.dtype, "micro_batch": args.micro_batch,
               "seq": args.seq, "lr": args.lr, "seed": args.seed, "checkpoint": args.checkpoint,
-              "compile": args.compile, "max_mem_gib": args.max_mem_gib, "steps": [], "oom": False, "error": None, "peak_mem_bytes": 0,
+              "compile": args.compile, "max_mem_gib": args.max_mem_gib, "steps": [], "oom": False, "error": None,
+              "peak_mem_bytes": 0,
               "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
     status = 0
     try:
@@ -871,8 +909,8 @@ def main(argv=None):
         status = EXIT_OOM if oom else EXIT_FAILED
     if status:
         # a rank that failed reports alone: its peers may be blocked in a collective
-        on_gpu = torch.cuda.is_available()
-        result.update(memory_snapshot(torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")))
+        here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        result.update(memory_snapshot(here))
         emit(result)
     else:
         everyone = [None] * result["world_size"]

@@ -54,8 +54,8 @@ def stage3(run_sh):
 def stage3_torchrun_3_ranks(tmp_path_factory):
     """Stage 3 under torchrun with an odd world size, where shards need padding."""
     log = tmp_path_factory.mktemp("torchrun") / "stage3.log"
-    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(free_port()),
-                "train_gpt.py", "--stage", "3", "--model", "tiny"], log=log)
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
+                "--master_port", str(free_port()), "train_gpt.py", "--stage", "3", "--model", "tiny"], log=log)
     return SimpleNamespace(proc=proc, records=report.read_results(log))
 
 

@@ -8,7 +8,8 @@ from conftest import ROOT
 
 CASES = {
     "unknown stage": (["--stage", "5"], "invalid choice: 5"),
-    "a stage that does not exist": (["--config", "tests/stage5.json"], "zero_optimization.stage must be 0, 1, 2 or 3, not 5"),
+    "a stage that does not exist": (["--config", "tests/stage5.json"],
+                                    "zero_optimization.stage must be 0, 1, 2 or 3, not 5"),
     "unknown preset": (["--model", "13b"], "invalid choice: '13b'"),
     "missing config": (["--config", "no/such.json"], "config not found: no/such.json"),
     "invalid json": (["--config", "run.sh"], "is not valid JSON"),

@@ -4,6 +4,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 import report
 from conftest import ROOT
 
@@ -17,13 +19,14 @@ def test_run_sh_writes_summary_files_and_a_plot(run_sh):
 def test_summary_json_holds_environment_commands_results_and_verdict(run_sh):
     record = json.loads((run_sh.folder / "summary.json").read_text())
     assert record["verdict"] == "PASS"
-    assert record["command"] == "bash run.sh "
+    assert record["command"] == "bash run.sh"
     assert set(record["commands"]) == {"stage0", "stage3"}
-    assert all("train_gpt.py --stage" in cmd and cmd.startswith("deepspeed --num_gpus 2") for cmd in record["commands"].values())
+    for cmd in record["commands"].values():
+        assert cmd.startswith("deepspeed --num_gpus 2") and "train_gpt.py --stage" in cmd
     env = record["environment"]
     assert env["torch"] and env["deepspeed"] and env["python"] and len(env["hosts"]) == 1
     assert [len(record["results"][name]) for name in ("stage0", "stage3")] == [2, 2]
-    assert [c["status"] for c in record["checks"]["2"]] == ["PASS"] * 4
+    assert [c["status"] for c in record["checks"]["2 rank(s)"] + record["checks"]["all runs"]] == ["PASS"] * 4
 
 
 def test_summary_md_is_a_readable_report(run_sh):
@@ -92,3 +95,35 @@ def test_a_sweep_of_world_sizes_gives_one_verdict_per_size_and_a_scaling_plot(sw
     assert "NOT OBSERVABLE  (b)" in sweep.proc.stdout  # one rank
     assert "VERDICT: PASS" in sweep.proc.stdout  # two ranks show it
     assert (sweep.folder / "memory.png").exists()
+
+
+def test_compare_fails_when_a_run_is_missing_or_measured_something_else(run_sh, tmp_path, capsys):
+    missing = tmp_path / "missing"
+    shutil.copytree(run_sh.folder, missing)
+    (missing / "stage3.log").unlink()
+    assert report.main(["--compare", str(run_sh.folder), str(missing)]) == 1
+    assert "stage3 is missing from B" in capsys.readouterr().out
+    other = tmp_path / "other"
+    shutil.copytree(run_sh.folder, other)
+    log = other / "stage0.log"
+    log.write_text(log.read_text().replace('"micro_batch": 2', '"micro_batch": 4'))
+    assert report.main(["--compare", str(run_sh.folder), str(other)]) == 1
+    assert "stage0 measured something else: it differs in micro_batch" in capsys.readouterr().out
+
+
+def test_a_log_without_results_still_gives_a_record(run_sh, tmp_path, capsys):
+    folder = tmp_path / "crashed"
+    shutil.copytree(run_sh.folder, folder)
+    (folder / "stage0.log").write_text("Segmentation fault\n")
+    assert report.main([str(folder)]) == 1
+    assert json.loads((folder / "summary.json").read_text())["verdict"] == "FAIL"
+    assert "no result" in capsys.readouterr().out
+
+
+def test_summary_json_stays_valid_json_when_the_loss_diverges(run_sh, tmp_path):
+    folder = tmp_path / "nan"
+    shutil.copytree(run_sh.folder, folder)
+    log = folder / "stage3.log"
+    log.write_text(log.read_text().replace('"first_loss": ', '"first_loss": NaN, "was": '))
+    report.main([str(folder)])
+    json.loads((folder / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))

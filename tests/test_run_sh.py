@@ -85,6 +85,7 @@ def test_one_rank_cannot_show_sharding_and_says_so(single_process, capsys):
 
 def test_report_fails_runs_that_are_not_comparable(run_sh, tmp_path, capsys):
     (tmp_path / "stage0.log").write_text((run_sh.folder / "stage0.log").read_text())
-    (tmp_path / "stage3.log").write_text((run_sh.folder / "stage3.log").read_text().replace('"micro_batch": 2', '"micro_batch": 4'))
+    log = (run_sh.folder / "stage3.log").read_text()
+    (tmp_path / "stage3.log").write_text(log.replace('"micro_batch": 2', '"micro_batch": 4'))
     assert report.main([str(tmp_path)]) == 1
     assert "they differ in micro_batch" in capsys.readouterr().out
