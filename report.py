@@ -310,6 +310,8 @@ def check_promises(runs):
             held.append(f"{name} " + "/".join(f"{v:.0%}" for v in rs[0]["held_fraction"].values()))
             if not all(r["partition_check_ok"] for r in rs):
                 broken.append(f"{name} not as promised")
+    if not broken and not any("partition_check_ok" in r for rs in runs.values() for r in rs):
+        return None  # logs from before the shares were measured
     detail = "share held of params/grads/optimizer states: " + ", ".join(held)
     return ("FAIL" if broken else "PASS"), detail + ("; FAILED: " + ", ".join(broken) if broken else "")
 
@@ -338,10 +340,12 @@ def verdict(runs):
     and one for all runs; and the overall status: FAIL if any check fails, PASS if some number of ranks
     passes (a) to (c), NOT OBSERVABLE otherwise (one rank, or no stage-0 and stage-3 pair)."""
     checks = {f"{world} rank(s)": check_pair(*pair) for world, pair in sorted(pairs(runs).items())}
-    checks["all runs"] = [("(d) every run holds what its stage promises", *check_promises(runs))]
+    promises = check_promises(runs)
+    checks["all runs"] = [("(d) every run holds what its stage promises", *promises)] if promises else []
     if not any(pairs(runs).values()):
         checks["all runs"].append(("(a) to (c)", "NOT OBSERVABLE", "no stage-0 and plain stage-3 runs with the same "
                                                                   "number of ranks; the criteria compare the two"))
+    checks = {scope: rows for scope, rows in checks.items() if rows}
     states = {state for rows in checks.values() for _, state, _ in rows}
     if "FAIL" in states:
         return checks, "FAIL"
