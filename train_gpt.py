@@ -51,11 +51,11 @@ warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is depre
 # -----------------------------------------------------------------------------
 # configuration
 
-# name: (layers, heads, d_model, vocab, context, default learning rate); the GPT-3 paper's shapes, plus a
-# byte-level toy for CPUs. The benchmark runs 3 steps with no warm-up, and Adam's first steps move every
-# weight by about lr: on an H200, 1.3b's loss rose at step 2 with lr 1.5e-5 and above at stage 0, and
-# fell to below 8.4 by step 3 with 1e-5 (benchmarks/h200/). The other GPT-3 rates keep the paper's
-# ratios to 1.3b's and are not measured.
+# name: (layers, heads, d_model, vocab, context, default learning rate); the GPT-3 paper's shapes, plus two
+# byte-level models for CPUs: tiny, and small, sized for the memory-cap demo. The benchmark runs 3 steps
+# with no warm-up, and Adam's first steps move every weight by about lr: on an H200, 1.3b's loss at stage 0
+# rose at step 2 with lr 1.5e-5 and above, and fell at every step with 1e-5 (benchmarks/h200/). The other
+# GPT-3 rates keep the paper's ratios to 1.3b's and are not measured.
 PRESETS = {
     "tiny": (2, 4, 128, 256, 256, 3e-3),
     "small": (8, 8, 1024, 256, 256, 1e-5),
@@ -135,7 +135,7 @@ def resolve(args):
     on_gpu = torch.cuda.is_available()
     args.config, args.stage, config = load_ds_config(args)
     args.model = args.model or ("1.3b" if on_gpu else "tiny")
-    layers, heads, d_model, vocab, context, lr = PRESETS[args.model]
+    *_, vocab, context, lr = PRESETS[args.model]
     args.lr = lr if args.lr is None else args.lr
     args.seq = context if args.seq is None else args.seq
     if args.micro_batch is None:
@@ -364,7 +364,7 @@ def adamw(model, lr):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True)
 
 
-def build_engine(model, args, config, device):
+def build_engine(model, args, config):
     """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW."""
     optimizer = None if "optimizer" in config else adamw(model, args.lr)
     # ZeRO-3 gathers a whole block's parameters at once, rather than each Linear's: fewer hooks and
@@ -852,11 +852,12 @@ def run(args, config, result):
               f"{args.micro_batch} x {args.seq} tokens, config {args.config}")
     if args.max_mem_gib:
         cap_memory(device, args.max_mem_gib)
-        log(rank, f"memory capped at {args.max_mem_gib} GiB per rank")
+        where = "" if device.type == "cuda" else " of data added from now on"
+        log(rank, f"memory capped at {args.max_mem_gib} GiB per rank{where}")
     with phase(rank, "building the model"):
         model = build_model(args, config, device)
     with phase(rank, "starting the DeepSpeed engine"):
-        engine = build_engine(model, args, config, device)
+        engine = build_engine(model, args, config)
     result["optimizer"] = optimizer_name(engine)
     result["ready_s"] = time.perf_counter() - START
     log(rank, f"ready to train; optimizer {result['optimizer']}")
