@@ -134,8 +134,7 @@ def rank_table(records):
         measured, predicted = r.get("model_state_bytes"), r.get("predicted_model_state_bytes")
         rows.append((r["rank"], f"{r.get('partitioned_tensors', '-')}/{r.get('param_tensors', '-')}",
                      fmt(r.get("local_param_elems"), ","), fmt(measured or None, "bytes"),
-                     fmt(predicted or None, "bytes"),
-                     signed_pct(measured / predicted - 1) if measured and predicted else "-",
+                     fmt(predicted or None, "bytes"), fmt(error(measured, predicted), "+.1%"),
                      fmt(other_bytes([r]), "bytes"), fmt(r["peak_mem_bytes"] or None, "bytes"),
                      "OOM" if r["oom"] else "error" if r["error"] else "ok"))
     return format_table(rows)
@@ -159,29 +158,30 @@ def offloads(records):
     return bool(records) and any((records[0].get("offload") or {}).values())
 
 
-# the comparison's rows: label, the figure of one run, its format, and whether a ratio of two runs means anything
+# the comparison's rows: label, the figure of one run, its format, whether a ratio of two runs means anything,
+# and whether the row is left out when no run has the figure (offload only, GPUs only)
 COMPARISON = [
-    ("ranks", lambda rs: first(rs, "world_size"), "d", False),
-    ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d", False),
-    ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", False),
-    ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True),
-    ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True),
-    ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True),
+    ("ranks", lambda rs: first(rs, "world_size"), "d", False, False),
+    ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d", False, False),
+    ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", False, False),
+    ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True, False),
+    ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True, False),
+    ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True, False),
     ("  error", lambda rs: error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")), "+.1%",
-     False),
-    ("  DeepSpeed estimator", estimator, "bytes", True),
-    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False),
-    ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False),
-    ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False),
-    ("other tensors", other_bytes, "bytes", False),
-    ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True),
+     False, False),
+    ("  DeepSpeed estimator", estimator, "bytes", True, False),
+    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False, False),
+    ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False, True),
+    ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False, True),
+    ("other tensors", other_bytes, "bytes", False, False),
+    ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True, False),
     ("  estimated", lambda rs: worst(rs, "predicted_peak_bytes") if first(rs, "mem_kind") == "cuda" else None,
-     "bytes", True),
-    ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False),
-    ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False),
-    ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", True),
-    ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", True),
-    ("MFU", lambda rs: first(rs, "mfu"), ".1%", True),
+     "bytes", True, True),
+    ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False, False),
+    ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False, False),
+    ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", True, False),
+    ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", True, False),
+    ("MFU", lambda rs: first(rs, "mfu"), ".1%", True, False),
 ]
 
 
@@ -190,10 +190,10 @@ def comparison_table(runs):
     a last column gives the first over the second."""
     names = list(runs)
     rows = [("", *names, f"{names[0]}/{names[1]}" if len(names) == 2 else "")]
-    for label, figure, spec, has_ratio in COMPARISON:
+    for label, figure, spec, has_ratio, optional in COMPARISON:
         values = [figure(runs[name]) for name in names]
-        if all(v is None for v in values) and label.startswith(("host", "  ZeRO paper", "  estimated")):
-            continue  # rows that no run here has (no offload, no GPU)
+        if optional and all(v is None for v in values):
+            continue
         both = len(values) == 2 and has_ratio and all(values)
         rows.append((label, *(fmt(v, spec) for v in values), f"{values[0] / values[1]:.2f}x" if both else ""))
     rows.append(("status", *(status(runs[name]) for name in names), ""))
@@ -503,15 +503,9 @@ def write_record(folder, runs, checks, overall):
 # comparing two runs
 
 
-# figure: (how to get it from a run's records, what a regression is: a rise or a fall, its format)
-TRACKED = {
-    "peak memory": (lambda rs: worst(rs, "peak_mem_bytes") or None, "rise", "bytes"),
-    "model states": (lambda rs: worst(rs, "model_state_bytes"), "rise", "bytes"),
-    "tokens/s": (lambda rs: first(rs, "tokens_per_s"), "fall", ",.0f"),
-    "MFU": (lambda rs: first(rs, "mfu"), "fall", ".1%"),
-    "first loss": (lambda rs: first(rs, "first_loss"), None, ".4f"),
-    "last loss": (lambda rs: (first(rs, "losses") or [None])[-1], None, ".4f"),
-}
+# the comparison's rows that --compare follows, and what a regression is: a rise or a fall (none for losses)
+TRACKED = {"peak memory": "rise", "model states": "rise", "tokens/s": "fall", "MFU": "fall",
+           "first loss": None, "last loss": None}
 
 
 def compare(a, b, tolerance):
@@ -528,7 +522,8 @@ def compare(a, b, tolerance):
                   and runs_a[name][0].get(key) != runs_b[name][0].get(key)]
         if differ:
             regressed.append(f"{name} measured something else: it differs in {', '.join(differ)}")
-        for figure, (get, bad, spec) in TRACKED.items():
+        for figure, get, spec, *_ in (row for row in COMPARISON if row[0] in TRACKED):
+            bad = TRACKED[figure]
             before, after = get(runs_a[name]), get(runs_b[name])
             if not before or after is None:
                 continue
