@@ -173,6 +173,8 @@ COMPARISON = [
     ("  error", lambda rs: error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False, False),
     ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False, True),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False, True),
+    ("  error", lambda rs: error(worst(rs, "host_state_bytes"), worst(rs, "predicted_host_state_bytes")), "+.1%",
+     False, True),
     ("other tensors", other_bytes, "bytes", False, False),
     ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True, False),
     ("  estimated", lambda rs: worst(rs, "predicted_peak_bytes") if first(rs, "mem_kind") == "cuda" else None,
@@ -287,8 +289,9 @@ def pairs(runs):
 
 def check_pair(dense, zero3):
     """[(criterion, status, detail)] for one stage-0 run against one stage-3 run."""
-    if not dense or not zero3:
-        return [("both stages ran", "FAIL", f"no stage-{0 if not dense else 3} run with this number of ranks")]
+    if not dense or not zero3:  # a run that crashed without a result fails (d) instead
+        return [("(a) to (c)", "NOT OBSERVABLE", f"no plain stage-{0 if not dense else 3} run with this number of "
+                                                 "ranks; the criteria compare the two")]
     differ = [key for key in SAME_IN_BOTH if dense[0].get(key) != zero3[0].get(key)]
     if differ:
         return [("the two runs are comparable", "FAIL", "they differ in " + ", ".join(differ))]
@@ -328,8 +331,10 @@ def offload_lines(runs):
         zero3 = stage3.get(rs[0]["world_size"])
         cost = f"{rs[0]['step_time_s'] / zero3[0]['step_time_s']:.2f}x the step time of stage 3" \
             if zero3 and not failed(zero3) else "no stage-3 run to compare"
-        where = (f"per rank, GPU model states {size(worst(rs, 'model_state_bytes'))}, host (CPU) model states "
-                 f"{size(worst(rs, 'host_state_bytes'))}, GPU peak {size(worst(rs, 'peak_mem_bytes'))}"
+        where = (f"per rank, GPU model states {size(worst(rs, 'model_state_bytes'))}, GPU peak "
+                 f"{size(worst(rs, 'peak_mem_bytes'))}; host (CPU) model states {size(worst(rs, 'host_state_bytes'))}"
+                 f", other host tensors {size(max(r['host_state_breakdown']['other'] for r in rs))}"
+                 + (f", host peak RSS {size(worst(rs, 'host_peak_rss_bytes'))}" if "host_peak_rss_bytes" in rs[0] else "")
                  if rs[0]["mem_kind"] == "cuda" else "without GPUs, device and host are one memory")
         lines.append(f"offload {name}: {cost}; {where}")
     return lines

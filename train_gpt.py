@@ -582,11 +582,12 @@ def predict_memory(r, args, device, zero):
     shard = shard_elems(stage, r, r["world_size"])
     predicted = predicted_states(stage, args.dtype, r["params_total"], shard, r["persistent_elems"])
     on_host = host_kinds(r["offload"]) if device.type != "cpu" else []  # without GPUs it is all one memory
+    kept = width * r["persistent_elems"] if "params" in on_host else 0  # persistent parameters stay on the GPU
     layers, heads, d_model, vocab = PRESETS[args.model][:4]
     figures = {
         "predicted_breakdown": predicted,
-        "predicted_model_state_bytes": sum(v for k, v in predicted.items() if k not in on_host),
-        "predicted_host_state_bytes": sum(v for k, v in predicted.items() if k in on_host),
+        "predicted_model_state_bytes": sum(v for k, v in predicted.items() if k not in on_host) + kept,
+        "predicted_host_state_bytes": sum(v for k, v in predicted.items() if k in on_host) - kept,
         "deepspeed_estimate": deepspeed_estimate(stage, r, r["ranks_per_node"], r["world_size"] // r["ranks_per_node"],
                                                  r["offload"]),
         "activation_estimate_bytes": activation_bytes(args, layers, heads, d_model, vocab, flash),
@@ -673,11 +674,13 @@ def tflops_per_gpu(flops_per_token, tokens_per_s, gpus):
 
 
 def memory_snapshot(device):
-    """Peak memory since the last reset: allocated and reserved on a GPU, resident set size on a CPU."""
+    """Peak memory since the last reset: allocated and reserved on a GPU, and the process's peak resident set
+    size, which is the host memory that offload costs (on a CPU, the only memory)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if device.type == "cuda":
         return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device),
-                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device)}
-    return {"peak_mem_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "host_peak_rss_bytes": rss}
+    return {"peak_mem_bytes": rss}
 
 
 # -----------------------------------------------------------------------------
@@ -737,7 +740,7 @@ def summarize(result, args, flops_per_token, peak):
         model_state_bytes=model_states(result["model_state_breakdown"]),
         host_state_bytes=model_states(result.get("host_state_breakdown", {})),
     )
-    for key in ("peak_mem_bytes", "peak_reserved_bytes"):
+    for key in ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes"):
         if key in result:
             result[key] = max(result[key], *(s[key] for s in steps))
 
@@ -788,7 +791,7 @@ def human_lines(r):
         lines.append(f"{tag} {rank} model states: {size(r['model_state_bytes'])} "
                      f"({kinds_text(r['model_state_breakdown'])}) vs ZeRO prediction "
                      f"{size(r['predicted_model_state_bytes'])} "
-                     f"({report.signed_pct(r['model_state_bytes'] / r['predicted_model_state_bytes'] - 1)}); other "
+                     f"({report.fmt(report.error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); other "
                      f"tensors {size(r['model_state_breakdown']['other'])}; partitioned parameters still gathered "
                      f"after backward: {r['gathered_tensors']}")
         if "host_state_breakdown" in r:

@@ -139,3 +139,13 @@ def test_out_of_memory_covers_gpu_and_capped_cpu_allocations():
     assert t.out_of_memory(RuntimeError("CUDA error: out of memory"))
     assert t.out_of_memory(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to ..."))
     assert not t.out_of_memory(RuntimeError("Connection closed by peer"))
+
+
+def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
+    # the H200 offload runs once reported the host RSS after engine start instead of the steps' larger one
+    steps = [{"step": i, "loss": 1.0, "time_s": 0.5, "peak_mem_bytes": 10 * i, "peak_reserved_bytes": 20 * i,
+              "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
+    result = {"steps": steps, "world_size": 1, "gpus": 1, "model_state_breakdown": {"other": 0},
+              "peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
+    t.summarize(result, Namespace(micro_batch=2, seq=8), flops_per_token=1, peak=None)
+    assert (result["peak_mem_bytes"], result["peak_reserved_bytes"], result["host_peak_rss_bytes"]) == (30, 100, 90)

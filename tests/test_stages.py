@@ -3,6 +3,7 @@ that only stage 3 can fit."""
 import pytest
 
 import report
+import train_gpt as t
 
 # what each stage promises to partition over the ranks; the rest stays whole on every rank
 PARTITIONED = {0: set(), 1: {"optimizer"}, 2: {"optimizer", "grads"}, 3: {"optimizer", "grads", "params"}}
@@ -69,6 +70,15 @@ def test_the_report_compares_every_stage_and_the_cost_of_offload(other_stages):
     assert "(d) every run holds what its stage promises" in out and "VERDICT: PASS" in out
 
 
+def test_a_gpu_rank_that_offloads_every_model_state_is_reported_without_a_division_by_zero(other_stages):
+    # on a GPU, ZeRO-Infinity predicts no model states on the device: the H200 run once crashed here
+    cpu = other_stages.runs["stage3_infinity"][0]
+    r = dict(cpu, mem_kind="cuda", predicted_model_state_bytes=0, host_state_breakdown=cpu["model_state_breakdown"],
+             host_state_bytes=cpu["model_state_bytes"], predicted_host_state_bytes=cpu["predicted_model_state_bytes"])
+    lines = "\n".join(t.human_lines(r))
+    assert "vs ZeRO prediction 0.0 MiB (-)" in lines and "host (CPU) model states" in lines
+
+
 def test_a_model_that_only_stage_3_fits_under_a_memory_cap(memory_cap):
     assert memory_cap.proc.returncode == 0, memory_cap.proc.stdout[-3000:]
     dense, zero3 = memory_cap.runs["stage0"], memory_cap.runs["stage3"]
@@ -105,11 +115,22 @@ def test_a_failed_offload_run_fails_the_verdict_and_says_so(other_stages, tmp_pa
     assert "offload stage3_offload: error" in out and "stage3_offload error" in out
 
 
-def test_stages_without_a_stage0_and_stage3_pair_cannot_pass(other_stages, tmp_path, capsys):
+def only(folder, tmp_path, *names):
+    """A results folder that holds only the named runs' logs."""
     import shutil
-    folder = tmp_path / "no-pair"
-    folder.mkdir()
-    for name in ("stage1", "stage2"):
-        shutil.copy(other_stages.folder / f"{name}.log", folder)
-    assert report.main([str(folder)]) == 3
+    copy = tmp_path / ("only-" + "-".join(names))
+    copy.mkdir()
+    for name in names:
+        shutil.copy(folder / f"{name}.log", copy)
+    return copy
+
+
+def test_stages_without_a_stage0_and_stage3_pair_cannot_pass(other_stages, tmp_path, capsys):
+    assert report.main([str(only(other_stages.folder, tmp_path, "stage1", "stage2"))]) == 3
     assert "no stage-0 and plain stage-3 runs" in capsys.readouterr().out
+
+
+def test_offload_runs_beside_stage_3_alone_are_not_observable_rather_than_failed(other_stages, tmp_path, capsys):
+    assert report.main([str(only(other_stages.folder, tmp_path, "stage3", "stage3_offload"))]) == 3
+    out = capsys.readouterr().out
+    assert "no plain stage-0 run with this number of ranks" in out and "offload stage3_offload: " in out
