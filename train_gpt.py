@@ -640,9 +640,27 @@ CAUSES = {
 }
 
 
+def estimator_gap(r):
+    """Why DeepSpeed's estimate of the device's model states departs from the measurement, if by more than
+    EXPLAIN_BEYOND: what its formulas add. Without GPUs, offload's device and host are one memory: no gap."""
+    estimate = r["deepspeed_estimate"]
+    if not estimate or (r["mem_kind"] != "cuda" and any(r["offload"].values())):
+        return []
+    if abs(r["model_state_bytes"] / estimate["device"] - 1) <= EXPLAIN_BEYOND:
+        return []
+    adds = []
+    if not r["offload"]["optimizer"]:
+        adds.append("fp32 gradients, 4 bytes per partition element, which exist here only in the optimizer step "
+                    "(the peak estimate has them)")
+    if r["stage"] == 3:
+        adds.append(f"4 bytes per element of the largest layer ({r['largest_param_elems']:,} elements)")
+    return [f"DeepSpeed's estimator: {report.size(estimate['device'])} against {report.size(r['model_state_bytes'])} "
+            f"measured: " + ("it adds " + " and ".join(adds) if adds else "no known cause")]
+
+
 def differences(r):
     """Where the measured memory departs from theory by more than EXPLAIN_BEYOND, in words."""
-    found, measured, predicted = [], held_bytes(r), r["predicted_breakdown"]
+    found, measured, predicted = estimator_gap(r), held_bytes(r), r["predicted_breakdown"]
     total = sum(predicted.values())
     if abs(sum(measured.values()) / total - 1) > EXPLAIN_BEYOND:
         for kind in predicted:

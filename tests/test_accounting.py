@@ -42,7 +42,8 @@ def record(stage, world=G, offload=None, other=0):
     shards = {"params_total": PSI, "local_param_elems": PSI // world if stage == 3 else PSI,
               "persistent_elems": 0, "largest_param_elems": PSI // 10}
     return {**shards, "world_size": world, "ranks_per_node": world, "stage": stage,
-            "offload": offload or {"optimizer": None, "param": None}, "model_state_breakdown": {"other": other}}
+            "offload": offload or {"optimizer": None, "param": None}, "model_state_breakdown": {"other": other},
+            "deepspeed_estimate": None}
 
 
 def args(stage, checkpoint=False, dtype="bf16"):
@@ -132,6 +133,24 @@ def test_differences_explain_a_gpu_peak_far_from_its_estimate():
     r["model_state_breakdown"] = {**r["predicted_breakdown"], "other": 0}
     [line] = t.differences(r)
     assert line.startswith("peak: 3.00 GiB measured against 1.00 GiB estimated")
+
+
+@pytest.mark.parametrize("offload, adds", [
+    (None, ["fp32 gradients", "largest layer (100,000 elements)"]),
+    ({"optimizer": "cpu", "param": "cpu"}, ["largest layer (100,000 elements)"]),
+])
+def test_differences_say_what_deepspeeds_estimator_adds(offload, adds):
+    r = {**record(3, offload=offload), "mem_kind": "cuda", "model_state_bytes": 10 * 2**20,
+         "deepspeed_estimate": {"device": 12 * 2**20, "host_per_node": 0}}
+    [line] = t.estimator_gap(r)
+    assert line.startswith("DeepSpeed's estimator: 12.0 MiB against 10.0 MiB measured: it adds")
+    assert all(a in line for a in adds) and ("fp32" in line) == (offload is None)
+
+
+def test_an_estimate_within_10_percent_needs_no_explanation():
+    r = {**record(3), "mem_kind": "cuda", "model_state_bytes": 10 * 2**20,
+         "deepspeed_estimate": {"device": 10.5 * 2**20, "host_per_node": 0}}
+    assert t.estimator_gap(r) == []
 
 
 def test_out_of_memory_covers_gpu_and_capped_cpu_allocations():

@@ -55,6 +55,13 @@ def test_deepspeeds_estimator_is_reported_for_stages_1_to_3(other_stages):
         assert estimate["device"] > 0 and estimate["host_per_node"] > 0, name
 
 
+def test_the_output_says_what_deepspeeds_estimator_adds_beyond_the_measurement(other_stages):
+    for name in ("stage1", "stage2", "stage3"):
+        gaps = [d for d in other_stages.runs[name][0]["differences"] if d.startswith("DeepSpeed's estimator")]
+        assert len(gaps) == 1 and "fp32 gradients" in gaps[0], name
+    assert "largest layer (" in "".join(other_stages.runs["stage3"][0]["differences"])
+
+
 def test_offload_moves_the_optimizer_and_the_parameters_to_the_host(other_stages):
     assert other_stages.runs["stage3_offload"][0]["offload"] == {"optimizer": "cpu", "param": None}
     assert other_stages.runs["stage3_infinity"][0]["offload"] == {"optimizer": "cpu", "param": "cpu"}
