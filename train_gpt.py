@@ -650,8 +650,10 @@ def estimator_gap(r):
         return []
     adds = []
     if not r["offload"]["optimizer"]:
-        adds.append("fp32 gradients, 4 bytes per partition element, which exist here only in the optimizer step "
-                    "(the peak estimate has them)")
+        paper = 16 if r["stage"] == 3 else 14
+        why = "" if r["stage"] == 3 else (": fp32 gradients, by its own comment, which exist here only in the "
+                                          "optimizer step (the peak estimate has them)")
+        adds.append(f"{18 - paper} bytes per partition element (18 where the paper counts {paper}){why}")
     if r["stage"] == 3:
         adds.append(f"4 bytes per element of the largest layer ({r['largest_param_elems']:,} elements)")
     return [f"DeepSpeed's estimator: {report.size(estimate['device'])} against {report.size(r['model_state_bytes'])} "

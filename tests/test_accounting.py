@@ -118,6 +118,13 @@ def test_partition_check_holds_each_stage_to_its_promise(stage, shares, ok):
     assert t.partition_check(measured, promised, stage, {"params_total": PSI, "largest_param_elems": PSI // 100}) is ok
 
 
+def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu():
+    r = {**record(3, offload={"optimizer": "cpu", "param": "cpu"}), "persistent_elems": 1000}
+    figures = t.predict_memory(r, args(3), torch.device("cuda"), {})
+    assert figures["predicted_model_state_bytes"] == 2 * 1000
+    assert figures["predicted_host_state_bytes"] == sum(figures["predicted_breakdown"].values()) - 2 * 1000
+
+
 def test_differences_name_the_kind_and_its_cause():
     r = {**record(1), "mem_kind": "cpu_rss"}
     r["predicted_breakdown"] = t.predicted_states(1, "bf16", PSI, PSI / G, 0)
@@ -135,16 +142,18 @@ def test_differences_explain_a_gpu_peak_far_from_its_estimate():
     assert line.startswith("peak: 3.00 GiB measured against 1.00 GiB estimated")
 
 
-@pytest.mark.parametrize("offload, adds", [
-    (None, ["fp32 gradients", "largest layer (100,000 elements)"]),
-    ({"optimizer": "cpu", "param": "cpu"}, ["largest layer (100,000 elements)"]),
+@pytest.mark.parametrize("stage, offload, adds", [
+    (3, None, ["2 bytes per partition element (18 where the paper counts 16)", "largest layer (100,000 elements)"]),
+    (1, None, ["4 bytes per partition element (18 where the paper counts 14): fp32 gradients"]),
+    (3, {"optimizer": "cpu", "param": "cpu"}, ["largest layer (100,000 elements)"]),
 ])
-def test_differences_say_what_deepspeeds_estimator_adds(offload, adds):
-    r = {**record(3, offload=offload), "mem_kind": "cuda", "model_state_bytes": 10 * 2**20,
+def test_differences_say_what_deepspeeds_estimator_adds(stage, offload, adds):
+    r = {**record(stage, offload=offload), "mem_kind": "cuda", "model_state_bytes": 10 * 2**20,
          "deepspeed_estimate": {"device": 12 * 2**20, "host_per_node": 0}}
     [line] = t.estimator_gap(r)
-    assert line.startswith("DeepSpeed's estimator: 12.0 MiB against 10.0 MiB measured: it adds")
-    assert all(a in line for a in adds) and ("fp32" in line) == (offload is None)
+    assert line.startswith("DeepSpeed's estimator: 12.0 MiB against 10.0 MiB measured: it adds ")
+    assert all(a in line for a in adds)
+    assert ("bytes per partition element" in line) == (offload is None) and ("largest layer" in line) == (stage == 3)
 
 
 def test_an_estimate_within_10_percent_needs_no_explanation():

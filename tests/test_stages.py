@@ -56,10 +56,11 @@ def test_deepspeeds_estimator_is_reported_for_stages_1_to_3(other_stages):
 
 
 def test_the_output_says_what_deepspeeds_estimator_adds_beyond_the_measurement(other_stages):
-    for name in ("stage1", "stage2", "stage3"):
-        gaps = [d for d in other_stages.runs[name][0]["differences"] if d.startswith("DeepSpeed's estimator")]
-        assert len(gaps) == 1 and "fp32 gradients" in gaps[0], name
-    assert "largest layer (" in "".join(other_stages.runs["stage3"][0]["differences"])
+    gaps = {name: [d for d in other_stages.runs[name][0]["differences"] if d.startswith("DeepSpeed's estimator")]
+            for name in ("stage1", "stage2", "stage3")}
+    assert all(len(found) == 1 for found in gaps.values()), gaps
+    assert all("4 bytes per partition element" in gaps[name][0] for name in ("stage1", "stage2"))
+    assert "2 bytes per partition element" in gaps["stage3"][0] and "largest layer (" in gaps["stage3"][0]
 
 
 def test_offload_moves_the_optimizer_and_the_parameters_to_the_host(other_stages):
@@ -120,6 +121,16 @@ def test_a_failed_offload_run_fails_the_verdict_and_says_so(other_stages, tmp_pa
     assert report.main([str(folder)]) == 1
     out = capsys.readouterr().out
     assert "offload stage3_offload: error" in out and "stage3_offload error" in out
+
+
+def test_on_a_gpu_the_offload_line_gives_the_hosts_tensors_and_peak_rss(other_stages, tmp_path, capsys):
+    host = {"params": 0, "grads": 2**20, "master": 2**21, "moments": 2**22, "other": 3 * 2**20}
+    folder = planted(other_stages.folder, tmp_path, "stage3_offload", mem_kind="cuda", host_state_breakdown=host,
+                     host_state_bytes=7 * 2**20, predicted_host_state_bytes=7 * 2**20, host_peak_rss_bytes=2**31)
+    report.main([str(folder)])
+    out = capsys.readouterr().out
+    assert "host (CPU) model states 7.0 MiB, other host tensors 3.0 MiB, host peak RSS 2.00 GiB" in out
+    assert "host model states" in out and "+0.0%" in out.split("host model states")[1].splitlines()[2]
 
 
 def only(folder, tmp_path, *names):
