@@ -11,15 +11,16 @@ set -uo pipefail
 results=$(realpath -m "${RESULTS:-$(dirname "$0")/results}")
 command="bash run.sh"; [ $# -eq 0 ] || command+=$(printf ' %q' "$@")
 cd "$(dirname "$0")"
-ranks=${RANKS:-} stages="0 3"
+ranks=${RANKS:-} stages="0 3" args=()  # run.sh's options anywhere on the line; the rest go to train_gpt.py
 while [ $# -gt 0 ]; do
   case $1 in
+    --ranks | --stages) [ $# -ge 2 ] || { echo "run.sh: error: $1 needs a value" >&2; exit 2; } ;;&
     --ranks) ranks=$2; shift 2 ;;
     --ranks=*) ranks=${1#*=}; shift ;;
     --stages) stages=$2; shift 2 ;;
     --stages=*) stages=${1#*=}; shift ;;
-    --stage* | --config*) echo "run.sh: error: $1 is run.sh's to set; use --stages \"0 3\"" >&2; exit 2 ;;
-    *) break ;;
+    --stage | --stage=* | --config*) echo "run.sh: error: $1 is run.sh's to set; use --stages \"0 3\"" >&2; exit 2 ;;
+    *) args+=("$1"); shift ;;
   esac
 done
 read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
@@ -39,8 +40,8 @@ for n in ${ranks:-$gpus}; do
     select=(--stage "$stage")
     [[ $stage =~ ^[0-9]+$ ]] || select=(--config "ds_config_stage$stage.json")
     log=$out/stage$stage$([ "$n" = "${ranks:-$gpus}" ] || echo "_${n}ranks").log
-    echo "COMMAND ${launcher[*]} train_gpt.py ${select[*]} $*" | tee "$log"
-    "${launcher[@]}" train_gpt.py "${select[@]}" "$@" 2>&1 | tee -a "$log"
+    echo "COMMAND ${launcher[*]} train_gpt.py ${select[*]} ${args[*]}" | tee "$log"
+    "${launcher[@]}" train_gpt.py "${select[@]}" "${args[@]}" 2>&1 | tee -a "$log"
   done
 done
 RUN_COMMAND=$command python3 report.py "$out" | tee "$out/report.txt"

@@ -322,6 +322,15 @@ def init_distributed():
     return device, local_size, ranks_per_gpu, gpus
 
 
+def release_shared_memory(rank):
+    """DeepSpeed's CPU all-reduce maps a 66 MB buffer per rank from /dev/shm, named after the master's
+    address and port, and never unlinks it: each run on CPUs would leave its buffers behind until the
+    host's memory runs out. Unlinked after this rank's last collective, it goes when every rank has exited."""
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_"
+            f"{os.environ.get('MASTER_PORT')}_{rank}")
+    Path("/dev/shm", name).unlink(missing_ok=True)
+
+
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
@@ -948,6 +957,7 @@ def main(argv=None):
     # Leave without the interpreter's teardown: after ZeRO-3 on gloo it sometimes aborts the process
     # ("terminate called without an active exception") after all work is done. A failed rank's peers may
     # be blocked in a collective; the launcher ends them when it sees the failure's exit status.
+    release_shared_memory(result["rank"])
     sys.stderr.flush()
     os._exit(status)
 

@@ -94,6 +94,7 @@ def test_a_model_that_only_stage_3_fits_under_a_memory_cap(memory_cap):
     assert not report.failed(zero3) and len(zero3) == 2
     assert "only stage 3 trains this model on this hardware, with memory capped at 1.75 GiB" in memory_cap.proc.stdout
     assert all(r["peak_mem_bytes"] > 0 for r in dense)
+    assert report.read_command(memory_cap.folder / "stage0.log").endswith("--model small --max-mem-gib 1.75")
     assert "VERDICT: PASS" in memory_cap.proc.stdout
 
 
