@@ -92,8 +92,10 @@ def first(records, key):
     return records[0].get(key) if records else None
 
 
-def other_bytes(records):
-    return max((r["model_state_breakdown"]["other"] for r in records if "model_state_breakdown" in r), default=None)
+def other_bytes(records, breakdown="model_state_breakdown"):
+    """The most any rank holds in tensors that are not model states, on the device or (host_state_breakdown)
+    in host memory."""
+    return max((r[breakdown]["other"] for r in records if breakdown in r), default=None)
 
 
 def status(records):
@@ -319,6 +321,17 @@ def check_promises(runs):
     return ("FAIL" if broken else "PASS"), detail + ("; FAILED: " + ", ".join(broken) if broken else "")
 
 
+def offload_memory(records):
+    """Where an offload run's memory went, per rank: the GPU's and the host's."""
+    if records[0]["mem_kind"] != "cuda":
+        return "without GPUs, device and host are one memory"
+    rss = worst(records, "host_peak_rss_bytes")  # logs from before it was recorded lack it
+    return (f"per rank, GPU model states {size(worst(records, 'model_state_bytes'))}, GPU peak "
+            f"{size(worst(records, 'peak_mem_bytes'))}; host (CPU) model states "
+            f"{size(worst(records, 'host_state_bytes'))}, other host tensors "
+            f"{size(other_bytes(records, 'host_state_breakdown'))}" + (f", host peak RSS {size(rss)}" if rss else ""))
+
+
 def offload_lines(runs):
     """What each offload run costs against stage 3 without offload, at the same number of ranks."""
     lines, stage3 = [], {world: zero3 for world, (_, zero3) in pairs(runs).items()}
@@ -331,12 +344,7 @@ def offload_lines(runs):
         zero3 = stage3.get(rs[0]["world_size"])
         cost = f"{rs[0]['step_time_s'] / zero3[0]['step_time_s']:.2f}x the step time of stage 3" \
             if zero3 and not failed(zero3) else "no stage-3 run to compare"
-        where = (f"per rank, GPU model states {size(worst(rs, 'model_state_bytes'))}, GPU peak "
-                 f"{size(worst(rs, 'peak_mem_bytes'))}; host (CPU) model states {size(worst(rs, 'host_state_bytes'))}"
-                 f", other host tensors {size(max(r['host_state_breakdown']['other'] for r in rs))}"
-                 + (f", host peak RSS {size(worst(rs, 'host_peak_rss_bytes'))}" if "host_peak_rss_bytes" in rs[0] else "")
-                 if rs[0]["mem_kind"] == "cuda" else "without GPUs, device and host are one memory")
-        lines.append(f"offload {name}: {cost}; {where}")
+        lines.append(f"offload {name}: {cost}; {offload_memory(rs)}")
     return lines
 
 

@@ -817,10 +817,10 @@ def human_lines(r):
                      f"{'ok' if r['shard_check_ok'] else 'WRONG'}")
     if "model_state_bytes" in r:
         size = report.size
+        error = report.fmt(report.error(r["model_state_bytes"], r["predicted_model_state_bytes"]), "+.1%")
         lines.append(f"{tag} {rank} model states: {size(r['model_state_bytes'])} "
                      f"({kinds_text(r['model_state_breakdown'])}) vs ZeRO prediction "
-                     f"{size(r['predicted_model_state_bytes'])} "
-                     f"({report.fmt(report.error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); other "
+                     f"{size(r['predicted_model_state_bytes'])} ({error}); other "
                      f"tensors {size(r['model_state_breakdown']['other'])}; partitioned parameters still gathered "
                      f"after backward: {r['gathered_tensors']}")
         if "host_state_breakdown" in r:

@@ -2,9 +2,10 @@
 the tests read its logs."""
 import json
 import os
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,12 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import report  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from train_gpt import free_port  # noqa: E402
 
 
 def run(cmd, env=None, log=None):
@@ -30,14 +26,30 @@ def run(cmd, env=None, log=None):
     return proc
 
 
-@pytest.fixture(scope="session")
-def run_sh(tmp_path_factory):
-    """`bash run.sh` end to end: on a machine without GPUs, the tiny model on 2 gloo ranks, stage 0 then 3."""
-    results = tmp_path_factory.mktemp("results")
-    proc = run(["bash", "run.sh"], env={"RESULTS": str(results)})
+def run_sh_once(tmp_path_factory, name, *args):
+    """`bash run.sh ARGS` with its results in a fresh folder: the process, the run's folder and its runs."""
+    results = tmp_path_factory.mktemp(name)
+    proc = run(["bash", "run.sh", *args], env={"RESULTS": str(results)})
     folders = list(results.iterdir())
     assert len(folders) == 1, proc.stdout + proc.stderr
     return SimpleNamespace(proc=proc, folder=folders[0], runs=report.load_runs(folders[0]))
+
+
+def planted(folder, tmp_path, name, edit):
+    """A copy of a results folder in which edit(record) rewrites every RESULT of the run `name`."""
+    copy = Path(tempfile.mkdtemp(prefix=f"planted-{name}-", dir=tmp_path))
+    shutil.copytree(folder, copy, dirs_exist_ok=True)
+    log = copy / f"{name}.log"
+    lines = [("RESULT " + json.dumps(edit(json.loads(line[len("RESULT "):])))) if line.startswith("RESULT ")
+             else line for line in log.read_text().splitlines()]
+    log.write_text("\n".join(lines) + "\n")
+    return copy
+
+
+@pytest.fixture(scope="session")
+def run_sh(tmp_path_factory):
+    """`bash run.sh` end to end: on a machine without GPUs, the tiny model on 2 gloo ranks, stage 0 then 3."""
+    return run_sh_once(tmp_path_factory, "results")
 
 
 @pytest.fixture(scope="session")
@@ -94,10 +106,7 @@ def failing_config(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory):
     """`bash run.sh --ranks "1 2"`: both stages at two world sizes, in one results folder."""
-    results = tmp_path_factory.mktemp("sweep")
-    proc = run(["bash", "run.sh", "--ranks", "1 2", "--steps", "2"], env={"RESULTS": str(results)})
-    [folder] = results.iterdir()
-    return SimpleNamespace(proc=proc, folder=folder, runs=report.load_runs(folder))
+    return run_sh_once(tmp_path_factory, "sweep", "--ranks", "1 2", "--steps", "2")
 
 
 @pytest.fixture(scope="session")
@@ -105,10 +114,7 @@ def other_stages(tmp_path_factory):
     """`bash run.sh --stages "0 1 2 3 3_offload 3_infinity"`: every stage, ZeRO-Offload and ZeRO-Infinity
     (parameters and optimizer in host memory) on 2 CPU ranks. The first offload run JIT-builds DeepSpeed's
     CPU Adam, which takes about a minute."""
-    results = tmp_path_factory.mktemp("stages")
-    proc = run(["bash", "run.sh", "--stages", "0 1 2 3 3_offload 3_infinity"], env={"RESULTS": str(results)})
-    [folder] = results.iterdir()
-    return SimpleNamespace(proc=proc, folder=folder, runs=report.load_runs(folder))
+    return run_sh_once(tmp_path_factory, "stages", "--stages", "0 1 2 3 3_offload 3_infinity")
 
 
 @pytest.fixture(scope="session")
@@ -116,8 +122,4 @@ def memory_cap(tmp_path_factory):
     """`bash run.sh --model small --max-mem-gib 1.75 --stages "0 3"`: a 101M-parameter model that, under the
     cap, only stage 3 can train on 2 CPU ranks (it needs 1.35-1.5 GiB, stage 0 2.0-2.1: benchmarks/cpu-cap).
     run.sh's own option comes last, after train_gpt.py's."""
-    results = tmp_path_factory.mktemp("cap")
-    proc = run(["bash", "run.sh", "--model", "small", "--max-mem-gib", "1.75", "--stages", "0 3"],
-               env={"RESULTS": str(results)})
-    [folder] = results.iterdir()
-    return SimpleNamespace(proc=proc, folder=folder, runs=report.load_runs(folder))
+    return run_sh_once(tmp_path_factory, "cap", "--model", "small", "--max-mem-gib", "1.75", "--stages", "0 3")

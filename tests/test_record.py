@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import report
-from conftest import ROOT
+from conftest import ROOT, planted
 
 
 def test_run_sh_writes_summary_files_and_a_plot(run_sh):
@@ -46,21 +46,10 @@ def test_without_matplotlib_the_plot_is_skipped_with_one_line(run_sh, tmp_path):
     assert (folder / "summary.json").exists() and not (folder / "memory.png").exists()
 
 
-def planted(folder, tmp_path, scale_peak=1.0, scale_speed=1.0):
+def scaled(folder, tmp_path, peak=1.0, speed=1.0):
     """A copy of a results folder whose stage-3 logs claim another peak memory and speed."""
-    copy = tmp_path / f"planted-{scale_peak}-{scale_speed}"
-    shutil.copytree(folder, copy)
-    log = copy / "stage3.log"
-    lines = []
-    for line in log.read_text().splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT "):])
-            r["peak_mem_bytes"] = int(r["peak_mem_bytes"] * scale_peak)
-            r["tokens_per_s"] *= scale_speed
-            line = "RESULT " + json.dumps(r)
-        lines.append(line)
-    log.write_text("\n".join(lines) + "\n")
-    return copy
+    return planted(folder, tmp_path, "stage3", lambda r: {**r, "peak_mem_bytes": int(r["peak_mem_bytes"] * peak),
+                                                          "tokens_per_s": r["tokens_per_s"] * speed})
 
 
 def test_compare_finds_no_regression_between_a_run_and_itself(run_sh, capsys):
@@ -69,13 +58,13 @@ def test_compare_finds_no_regression_between_a_run_and_itself(run_sh, capsys):
 
 
 def test_compare_flags_a_planted_memory_regression(run_sh, tmp_path, capsys):
-    assert report.main(["--compare", str(run_sh.folder), str(planted(run_sh.folder, tmp_path, scale_peak=1.2))]) == 1
+    assert report.main(["--compare", str(run_sh.folder), str(scaled(run_sh.folder, tmp_path, peak=1.2))]) == 1
     out = capsys.readouterr().out
     assert "REGRESSED" in out and "stage3 peak memory +20.0%" in out
 
 
 def test_compare_flags_a_planted_slowdown_beyond_the_tolerance_only(run_sh, tmp_path, capsys):
-    slower = str(planted(run_sh.folder, tmp_path, scale_speed=0.9))
+    slower = str(scaled(run_sh.folder, tmp_path, speed=0.9))
     assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "5"]) == 1
     assert "stage3 tokens/s -10.0%" in capsys.readouterr().out
     assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "15"]) == 0

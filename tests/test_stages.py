@@ -4,6 +4,7 @@ import pytest
 
 import report
 import train_gpt as t
+from conftest import planted
 
 # what each stage promises to partition over the ranks; the rest stays whole on every rank
 PARTITIONED = {0: set(), 1: {"optimizer"}, 2: {"optimizer", "grads"}, 3: {"optimizer", "grads", "params"}}
@@ -98,27 +99,14 @@ def test_a_model_that_only_stage_3_fits_under_a_memory_cap(memory_cap):
     assert "VERDICT: PASS" in memory_cap.proc.stdout
 
 
-def planted(folder, tmp_path, name, **changes):
-    """A copy of a results folder where every RESULT of one run says something else."""
-    import json
-    import shutil
-    copy = tmp_path / f"planted-{name}"
-    shutil.copytree(folder, copy)
-    log = copy / f"{name}.log"
-    lines = [("RESULT " + json.dumps({**json.loads(line[len("RESULT "):]), **changes})) if line.startswith("RESULT ")
-             else line for line in log.read_text().splitlines()]
-    log.write_text("\n".join(lines) + "\n")
-    return copy
-
-
 def test_a_stage_that_holds_more_than_it_promises_fails_the_verdict(other_stages, tmp_path, capsys):
-    folder = planted(other_stages.folder, tmp_path, "stage2", partition_check_ok=False)
+    folder = planted(other_stages.folder, tmp_path, "stage2", lambda r: {**r, "partition_check_ok": False})
     assert report.main([str(folder)]) == 1
     assert "stage2 not as promised" in capsys.readouterr().out
 
 
 def test_a_failed_offload_run_fails_the_verdict_and_says_so(other_stages, tmp_path, capsys):
-    folder = planted(other_stages.folder, tmp_path, "stage3_offload", error="RuntimeError: boom")
+    folder = planted(other_stages.folder, tmp_path, "stage3_offload", lambda r: {**r, "error": "RuntimeError: boom"})
     assert report.main([str(folder)]) == 1
     out = capsys.readouterr().out
     assert "offload stage3_offload: error" in out and "stage3_offload error" in out
@@ -126,8 +114,9 @@ def test_a_failed_offload_run_fails_the_verdict_and_says_so(other_stages, tmp_pa
 
 def test_on_a_gpu_the_offload_line_gives_the_hosts_tensors_and_peak_rss(other_stages, tmp_path, capsys):
     host = {"params": 0, "grads": 2**20, "master": 2**21, "moments": 2**22, "other": 3 * 2**20}
-    folder = planted(other_stages.folder, tmp_path, "stage3_offload", mem_kind="cuda", host_state_breakdown=host,
-                     host_state_bytes=7 * 2**20, predicted_host_state_bytes=7 * 2**20, host_peak_rss_bytes=2**31)
+    on_gpu = {"mem_kind": "cuda", "host_state_breakdown": host, "host_state_bytes": 7 * 2**20,
+              "predicted_host_state_bytes": 7 * 2**20, "host_peak_rss_bytes": 2**31}
+    folder = planted(other_stages.folder, tmp_path, "stage3_offload", lambda r: {**r, **on_gpu})
     report.main([str(folder)])
     out = capsys.readouterr().out
     assert "host (CPU) model states 7.0 MiB, other host tensors 3.0 MiB, host peak RSS 2.00 GiB" in out
