@@ -96,18 +96,27 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, help="rows per GPU per step (default: the config's, 2)")
     p.add_argument("--seq", type=int, help="tokens per row (default: the model's context)")
     p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    p.add_argument("--lr", type=float, help="AdamW learning rate (default: the preset's)")
+    p.add_argument("--lr", type=float, help="AdamW's peak learning rate, after the warm-up (default: the preset's)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="steps over which the learning rate rises linearly to --lr (default 2; 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed for the weights and the data (default 0)")
     p.add_argument("--dtype", choices=DTYPES, help="bf16, fp16 or fp32 (default bf16 where supported)")
     p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
-    p.add_argument("--checkpoint", action="store_true",
-                   help="activation checkpointing: recompute each block in backward, for larger micro batches")
+    p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                   help="activation checkpointing: recompute each block in backward (default on; --no-checkpoint)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model through DeepSpeed's engine.compile")
     p.add_argument("--max-mem-gib", type=float,
                    help="cap each rank's memory: the GPU allocator's share, or on a CPU the data the process adds")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
     p.error = fail
     return p.parse_args(argv)
+
+
+def learning_rate(step, args):
+    """A linear warm-up to --lr over --warmup steps, then --lr. Adam's first step moves every weight by about
+    the learning rate, whatever its gradient: at 1.3b a full-size first step made the loss rise at step 2.
+    Step 0, where the optimizer is built, has rate 0."""
+    return args.lr * min(1.0, step / args.warmup) if args.warmup else args.lr
 
 
 def load_ds_config(args):
@@ -151,14 +160,16 @@ def resolve(args):
         fail(f"--steps must be at least 1, not {args.steps}")
     if args.lr <= 0:
         fail(f"--lr must be positive, not {args.lr}")
+    if args.warmup < 0:
+        fail(f"--warmup must be 0 or more, not {args.warmup}")
     if args.max_mem_gib is not None and args.max_mem_gib <= 0:
         fail(f"--max-mem-gib must be positive, not {args.max_mem_gib}")
     config.update(train_micro_batch_size_per_gpu=args.micro_batch, gradient_accumulation_steps=1,
                   steps_per_print=10**9)
     config["bf16"] = {**config.get("bf16", {}), "enabled": args.dtype == "bf16"}
     config["fp16"] = {**config.get("fp16", {}), "enabled": args.dtype == "fp16"}
-    if "optimizer" in config and "lr" in config["optimizer"].get("params", {}):
-        config["optimizer"]["params"]["lr"] = args.lr
+    if "optimizer" in config and "scheduler" not in config:
+        config["optimizer"].setdefault("params", {})["lr"] = learning_rate(0, args)
     args.tokens = load_tokens(args.data, vocab, args.seq)
     return config
 
@@ -243,8 +254,19 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(pos)
         for block in self.blocks:
             x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.checkpoint else block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        logits = self.lm_head(self.ln_f(x)).flatten(0, 1)
+        # the loss in fp32, a chunk of rows at a time and recomputed in backward: whole, the fp32 logits, their
+        # log-softmax and its gradient would hold 12 bytes per logit, which no ZeRO stage partitions
+        rows = zip(logits.split(LOSS_CHUNK), targets.flatten().split(LOSS_CHUNK))
+        total = sum(torch.utils.checkpoint.checkpoint(summed_cross_entropy, *pair, use_reentrant=False) for pair in rows)
+        return total / targets.numel()
+
+
+LOSS_CHUNK = 256  # rows of logits per chunk of the loss
+
+
+def summed_cross_entropy(logits, targets):
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
 # -----------------------------------------------------------------------------
@@ -373,15 +395,28 @@ def adamw(model, lr):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True)
 
 
+def forget_priming_step(optimizer):
+    """Without ZeRO, DeepSpeed's 16-bit optimizers (FP16_UnfusedOptimizer for bf16, FP16_Optimizer) create
+    Adam's state with one step on zero gradients, and ZeRO's do not. Adam then counts that step: the first
+    real update took the bias correction of a second one, 0.73 of its size with betas (0.9, 0.95), and
+    stage 0 trained on another schedule than stages 1 to 3. Built at learning rate 0, the step moved no
+    weight; its state is dropped so that Adam starts afresh."""
+    optimizer.state.clear()
+    for group in optimizer.param_groups:
+        group.pop("step", None)  # DeepSpeed's FusedAdam counts per group
+
+
 def build_engine(model, args, config):
     """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW."""
-    optimizer = None if "optimizer" in config else adamw(model, args.lr)
+    optimizer = None if "optimizer" in config else adamw(model, learning_rate(0, args))
     # ZeRO-3 gathers a whole block's parameters at once, rather than each Linear's: fewer hooks and
     # collectives, 1.3x faster on one H200 at micro batch 2, at the cost of one block (~100 MB) in flight
     if args.stage == 3:
         deepspeed.utils.set_z3_leaf_modules(model, [Block])
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=model.parameters(),
                                       config=config)
+    if not engine.zero_optimization() and args.dtype != "fp32":
+        forget_priming_step(engine.basic_optimizer)
     if args.compile:
         engine.compile()
     return engine
@@ -573,12 +608,13 @@ def deepspeed_estimate(stage, shards, ranks_per_node, nodes, offload):
 def activation_bytes(args, layers, heads, d_model, vocab, flash):
     """Activations saved for backward, after Korthikanti et al. (2022): 34 bytes per token and model
     dimension per layer in 16 bits, plus 5 per attention score unless flash attention keeps none; with
-    checkpointing, each layer's input only, plus one layer recomputed. Then the logits at the start of
-    backward: the saved fp32 log-softmax, its gradient and the logits' fp32 and own-dtype gradients."""
+    checkpointing, each layer's input only, plus one layer recomputed. Then the logits during
+    backward: the logits kept for the loss's recomputation, their gradient in chunks and as one tensor, and
+    one chunk's fp32 copy, log-softmax and their gradients."""
     width, tokens = DTYPES[args.dtype].itemsize, args.micro_batch * args.seq
     layer = width / 2 * (34 * tokens * d_model + (0 if flash else 5 * heads * args.seq * tokens))
     blocks = layers * width * tokens * d_model + layer if args.checkpoint else layers * layer
-    return blocks + (12 + width) * tokens * 64 * math.ceil(vocab / 64)
+    return blocks + (3 * width * tokens + 16 * min(LOSS_CHUNK, tokens)) * 64 * math.ceil(vocab / 64)
 
 
 def predict_memory(r, args, device, zero):
@@ -738,11 +774,15 @@ def train(engine, args, device, rank, world, flops_per_token, peak, result):
             result["gathered_tensors"] = gathered_tensors(engine.module)
         sync()
         t0 = time.perf_counter()
+        if engine.lr_scheduler is None:  # a config's own scheduler sets the rate instead
+            for group in engine.optimizer.param_groups:
+                group["lr"] = learning_rate(step, args)
         engine.step()
         dist.all_reduce(loss := loss.detach().float())  # the loss of the global batch
         sync()
         elapsed += time.perf_counter() - t0
-        record = {"step": step, "loss": loss.item() / world, "time_s": elapsed, **memory_snapshot(device)}
+        record = {"step": step, "loss": loss.item() / world, "lr": engine.get_lr()[0], "time_s": elapsed,
+                  **memory_snapshot(device)}
         result["steps"].append(record)
         tflops = tflops_per_gpu(flops_per_token, tokens_per_step / elapsed, result["gpus"])
         log(rank, f"step {step}/{args.steps}  loss {record['loss']:.4f}  time {elapsed:.3f}s  "

@@ -77,10 +77,20 @@ def test_checkpointing_keeps_far_fewer_activations_and_fp32_doubles_them():
     layers, heads, d_model, vocab = t.PRESETS["1.3b"][:4]
     full = t.activation_bytes(args(0), layers, heads, d_model, vocab, flash=True)
     checkpointed = t.activation_bytes(args(0, checkpoint=True), layers, heads, d_model, vocab, flash=True)
-    logits = 14 * 2048 * 50304
-    assert (checkpointed - logits) < (full - logits) / 8
+    def logits(width):  # the logits and their gradient whole, one chunk of the loss in fp32
+        return (3 * width * 2048 + 16 * t.LOSS_CHUNK) * 50304
+    assert (checkpointed - logits(2)) < (full - logits(2)) / 8
     fp32 = t.activation_bytes(args(0, dtype="fp32"), layers, heads, d_model, vocab, flash=True)
-    assert fp32 - (16 * 2048 * 50304) == pytest.approx(2 * (full - logits))
+    assert fp32 - logits(4) == pytest.approx(2 * (full - logits(2)))
+
+
+def test_the_loss_taken_in_chunks_equals_the_cross_entropy_of_all_logits():
+    torch.manual_seed(0)
+    model = t.GPT(*t.PRESETS["tiny"][:5])
+    idx, targets = torch.randint(0, 256, (3, 200)), torch.randint(0, 256, (3, 200))  # 600 rows: 3 chunks
+    logits = model.lm_head(model.ln_f(model.blocks[1](model.blocks[0](model.wte(idx) + model.wpe(torch.arange(200))))))
+    whole = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    assert model(idx, targets).item() == pytest.approx(whole.item(), rel=1e-6)
 
 
 def test_deepspeeds_estimator_has_none_for_stage0_and_counts_host_memory_per_node():
