@@ -3,19 +3,22 @@ the tests read its logs."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import report  # noqa: E402
-from train_gpt import free_port  # noqa: E402
+from machine import free_port  # noqa: E402
 
 
 def run(cmd, env=None, log=None):
@@ -123,3 +126,94 @@ def memory_cap(tmp_path_factory):
     cap, only stage 3 can train on 2 CPU ranks (it needs 1.35-1.5 GiB, stage 0 2.0-2.1: benchmarks/cpu-cap).
     run.sh's own option comes last, after train_gpt.py's."""
     return run_sh_once(tmp_path_factory, "cap", "--model", "small", "--max-mem-gib", "1.75", "--stages", "0 3")
+
+
+@pytest.fixture(scope="session")
+def launch_two_ranks(tmp_path_factory):
+    """launch(name, env_of_rank): `python3 train_gpt.py --stage 3 --steps 1` once per rank, as a cluster
+    launcher would start them on one host, each in the environment env_of_rank(rank, port) adds to this one
+    (less the variables that any launcher sets). Returns the exit statuses, rank 0's log and its records."""
+    def launch(name, env_of_rank):
+        folder = tmp_path_factory.mktemp(name)
+        launchers = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        base = {k: v for k, v in os.environ.items()
+                if k not in launchers and not k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_"))}
+        port = free_port()
+        procs = []
+        try:
+            for rank in (0, 1):
+                with open(folder / f"rank{rank}.log", "w") as log:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, "train_gpt.py", "--stage", "3", "--steps", "1"], cwd=ROOT,
+                        env={**base, **env_of_rank(rank, port)}, stdout=log, stderr=subprocess.STDOUT))
+            statuses = [proc.wait(timeout=600) for proc in procs]
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        log = folder / "rank0.log"
+        return SimpleNamespace(statuses=statuses, log=log, records=report.read_results(log),
+                               output=log.read_text() + (folder / "rank1.log").read_text())
+    return launch
+
+
+@pytest.fixture(scope="session")
+def srun_2_ranks(launch_two_ranks):
+    """Two tasks of `srun --ntasks 2` on one node, as srun sets their variables (no srun is installed)."""
+    return launch_two_ranks("srun", lambda rank, port: {
+        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
+        "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_ID": "1",
+        "MASTER_PORT": str(port)})
+
+
+@pytest.fixture(scope="session")
+def mpirun_2_ranks(launch_two_ranks):
+    """Two ranks of OpenMPI's `mpirun -np 2` on one host, as it sets their variables (no mpirun is installed)."""
+    return launch_two_ranks("mpirun", lambda rank, port: {
+        "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_PORT": str(port)})
+
+
+HUNG_TIMEOUT_S = 15  # train_gpt.py --timeout-s of the hung run
+
+
+@pytest.fixture(scope="session")
+def hung_rank(tmp_path_factory):
+    """A 2-rank stage-3 run under the deepspeed launcher whose rank 1 is stopped (SIGSTOP) once step 3 is
+    logged, as if it hung. Returns the launcher's exit status (None if it never ended), the seconds from the
+    stop to its end, and the log with rank 0's record."""
+    log = tmp_path_factory.mktemp("hung") / "stage3.log"
+    port = free_port()
+    ranks = []
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(["deepspeed", "--num_gpus", "2", "--master_port", str(port), "train_gpt.py",
+                                     "--stage", "3", "--steps", "400", "--timeout-s", str(HUNG_TIMEOUT_S)],
+                                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while "step 3/" not in log.read_text(errors="replace"):
+            if launcher.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the run never reached step 3:\n" + log.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        ranks = psutil.Process(launcher.pid).children(recursive=True)
+        [rank1] = [p for p in ranks if "--local_rank=1" in p.cmdline()]
+        rank1.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            status = launcher.wait(timeout=HUNG_TIMEOUT_S + 120)
+        except subprocess.TimeoutExpired:
+            status = None
+        return SimpleNamespace(status=status, seconds=time.monotonic() - stopped, log=log,
+                               records=report.read_results(log))
+    finally:
+        for proc in ranks:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        launcher.kill()
+        launcher.wait()
+        # a killed rank leaves DeepSpeed's CPU all-reduce buffer behind (train_gpt.py unlinks it on its way out)
+        for buffer in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+            buffer.unlink(missing_ok=True)

@@ -1,10 +1,13 @@
 """The arithmetic behind the predictions and checks, on made-up counts: no launch, no GPU needed."""
-from argparse import Namespace
+from dataclasses import asdict
 
 import pytest
 import torch
 
+import options
+import record
 import train_gpt as t
+from accounting import explain, predict
 
 PSI, G = 1_000_000, 4  # parameters, ranks
 
@@ -14,99 +17,146 @@ def paper(stage, psi=PSI, g=G):
     return {0: 16 * psi, 1: 4 * psi + 12 * psi / g, 2: 2 * psi + 14 * psi / g, 3: 16 * psi / g}[stage]
 
 
+def states(stage, psi=PSI, g=G, dtype="bf16", persistent=0):
+    shard = predict.shard_elems(stage, psi, psi // g, g)
+    return predict.model_states(stage, dtype, psi, shard, persistent)
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_predicted_states_are_the_papers_formulas(stage):
-    shard = t.shard_elems(stage, {"params_total": PSI, "local_param_elems": PSI // G}, G)
-    assert sum(t.predicted_states(stage, "bf16", PSI, shard, 0).values()) == pytest.approx(paper(stage))
+    assert sum(states(stage).values()) == pytest.approx(paper(stage))
+
+
+@pytest.mark.parametrize("stage, gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.88)])
+def test_the_prediction_gives_the_papers_figure_1_for_7_5b_parameters_on_64_gpus(stage, gb):
+    psi = 7_500_000_000
+    assert sum(states(stage, psi=psi, g=64).values()) / 1e9 == pytest.approx(gb, abs=0.05)
+
+
+def test_the_partition_table_says_what_each_stage_partitions():
+    assert [sorted(predict.PARTITIONS[s]) for s in range(4)] == \
+        [[], ["optimizer"], ["grads", "optimizer"], ["grads", "optimizer", "params"]]
+    assert [predict.partitioned(3, kind) for kind in predict.KINDS] == [True] * 4
+    assert [predict.partitioned(1, kind) for kind in predict.KINDS] == [False, False, True, True]
+
+
+def test_the_prediction_imports_neither_torch_nor_deepspeed():
+    imports = [line for line in (t.HERE / "accounting" / "predict.py").read_text().splitlines()
+               if line.startswith(("import ", "from "))]
+    assert imports == ["import math"]
 
 
 def test_stage3_adds_whole_copies_of_persistent_parameters():
-    states = t.predicted_states(3, "bf16", PSI, PSI // G, persistent=1000)
-    assert states["params"] == 2 * (PSI // G + 1000)
+    assert states(3, persistent=1000)["params"] == 2 * (PSI // G + 1000)
 
 
 def test_in_fp32_stage0_has_no_master_copy_and_stage3_has_one():
-    assert sum(t.predicted_states(0, "fp32", PSI, PSI, 0).values()) == 16 * PSI
-    assert sum(t.predicted_states(3, "fp32", PSI, PSI // G, 0).values()) == 20 * (PSI // G)
+    assert sum(states(0, dtype="fp32").values()) == 16 * PSI
+    assert sum(states(3, dtype="fp32").values()) == 20 * (PSI // G)
 
 
 def test_offloading_the_optimizer_moves_its_gradients_weights_and_moments_to_the_host():
-    assert t.host_kinds({"optimizer": None, "param": None}) == []
-    assert t.host_kinds({"optimizer": "cpu", "param": None}) == ["grads", "master", "moments"]
-    assert t.host_kinds({"optimizer": "cpu", "param": "cpu"}) == ["grads", "master", "moments", "params"]
-    assert t.offload_devices({"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}) == \
-        {"optimizer": "cpu", "param": None}
+    assert predict.host_kinds({"optimizer": None, "param": None}) == []
+    assert predict.host_kinds({"optimizer": "cpu", "param": None}) == ["grads", "master", "moments"]
+    assert predict.host_kinds({"optimizer": "cpu", "param": "cpu"}) == ["grads", "master", "moments", "params"]
+    zero = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}
+    assert options.offload_devices({"zero_optimization": zero}) == {"optimizer": "cpu", "param": None}
 
 
-def record(stage, world=G, offload=None, other=0):
-    shards = {"params_total": PSI, "local_param_elems": PSI // world if stage == 3 else PSI,
-              "persistent_elems": 0, "largest_param_elems": PSI // 10}
-    return {**shards, "world_size": world, "ranks_per_node": world, "stage": stage,
-            "offload": offload or {"optimizer": None, "param": None}, "model_state_breakdown": {"other": other},
-            "deepspeed_estimate": None}
+def facts(stage, world=G, offload=None, mem_kind="cuda"):
+    """A made-up run's facts, as train_gpt.py's main() gathers them."""
+    return dict(stage=stage, rank=0, world_size=world, model="1.3b", config="c.json", dtype="bf16", micro_batch=2,
+                seq=1024, lr=1e-5, warmup=2, seed=0, checkpoint=False, compile=False, max_mem_gib=None, timeout_s=120,
+                offload=offload or {"optimizer": None, "param": None}, launcher="test", mem_kind=mem_kind, gpus=world,
+                ranks_per_node=world)
 
 
-def args(stage, checkpoint=False, dtype="bf16"):
-    return Namespace(stage=stage, dtype=dtype, model="1.3b", micro_batch=2, seq=1024, checkpoint=checkpoint)
+def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):
+    """A made-up record after the census: PSI parameters, a tenth of them in the largest tensor."""
+    counts = {"params_total": PSI, "local_param_elems": PSI // world if stage == 3 else PSI, "persistent_elems": 0,
+              "largest_param_elems": PSI // 10, "model_state_breakdown": {"other": other}}
+    return record.Record(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
+
+
+def predicted(r, checkpoint=False, prefetch=0):
+    r.checkpoint = checkpoint
+    record.add_predictions(r, t.PRESETS["1.3b"], t.LOSS_CHUNK, prefetch)
+    return r
 
 
 def test_on_a_gpu_an_offloaded_optimizer_is_predicted_in_host_memory():
-    r = record(3, offload={"optimizer": "cpu", "param": None})
-    figures = t.predict_memory(r, args(3), torch.device("cuda"), {})
-    assert figures["predicted_model_state_bytes"] == 2 * (PSI // G)  # the bf16 shards of the weights
-    assert figures["predicted_host_state_bytes"] == (2 + 4 + 8) * (PSI // G)
-    assert figures["step_transient_bytes"] == 0  # the step runs on the host
+    r = predicted(rank(3, offload={"optimizer": "cpu", "param": None}))
+    assert r.predicted_model_state_bytes == 2 * (PSI // G)  # the bf16 shards of the weights
+    assert r.predicted_host_state_bytes == (2 + 4 + 8) * (PSI // G)
+    assert r.step_transient_bytes == 0  # the step runs on the host
 
 
 def test_without_gpus_device_and_host_are_one_memory():
-    r = record(3, offload={"optimizer": "cpu", "param": "cpu"})
-    figures = t.predict_memory(r, args(3), torch.device("cpu"), {})
-    assert figures["predicted_host_state_bytes"] == 0
-    assert figures["predicted_model_state_bytes"] == 16 * (PSI // G)
+    r = predicted(rank(3, offload={"optimizer": "cpu", "param": "cpu"}, mem_kind="cpu_rss"))
+    assert r.predicted_host_state_bytes == 0
+    assert r.predicted_model_state_bytes == 16 * (PSI // G)
 
 
 def test_the_peak_estimate_adds_the_larger_of_activations_and_the_steps_fp32_gradients():
-    r = record(0, world=1, other=123)
-    figures = t.predict_memory(r, args(0), torch.device("cuda"), {})
-    assert figures["step_transient_bytes"] == 4 * PSI
-    busiest = max(figures["activation_estimate_bytes"], figures["step_transient_bytes"])
-    assert figures["predicted_peak_bytes"] == 16 * PSI + 123 + busiest
+    r = predicted(rank(0, world=1, other=123))
+    assert r.step_transient_bytes == 4 * PSI
+    assert r.predicted_peak_bytes == 16 * PSI + 123 + max(r.activation_estimate_bytes, r.step_transient_bytes)
 
 
 def test_checkpointing_keeps_far_fewer_activations_and_fp32_doubles_them():
-    layers, heads, d_model, vocab = t.PRESETS["1.3b"][:4]
-    full = t.activation_bytes(args(0), layers, heads, d_model, vocab, flash=True)
-    checkpointed = t.activation_bytes(args(0, checkpoint=True), layers, heads, d_model, vocab, flash=True)
+    shape = t.PRESETS["1.3b"]
+
+    def activations(dtype="bf16", checkpoint=False):
+        return predict.activation_bytes(shape, dtype, 2, 1024, checkpoint, True, t.LOSS_CHUNK)
+
     def logits(width):  # the logits and their gradient whole, one chunk of the loss in fp32
         return (3 * width * 2048 + 16 * t.LOSS_CHUNK) * 50304
+    full, checkpointed = activations(), activations(checkpoint=True)
     assert (checkpointed - logits(2)) < (full - logits(2)) / 8
-    fp32 = t.activation_bytes(args(0, dtype="fp32"), layers, heads, d_model, vocab, flash=True)
-    assert fp32 - logits(4) == pytest.approx(2 * (full - logits(2)))
+    assert activations("fp32") - logits(4) == pytest.approx(2 * (full - logits(2)))
 
 
 def test_the_loss_taken_in_chunks_equals_the_cross_entropy_of_all_logits():
     torch.manual_seed(0)
-    model = t.GPT(*t.PRESETS["tiny"][:5])
+    model = t.GPT(t.PRESETS["tiny"])
     idx, targets = torch.randint(0, 256, (3, 200)), torch.randint(0, 256, (3, 200))  # 600 rows: 3 chunks
-    logits = model.lm_head(model.ln_f(model.blocks[1](model.blocks[0](model.wte(idx) + model.wpe(torch.arange(200))))))
+    x = model.wte(idx) + model.wpe(torch.arange(200))
+    logits = model.lm_head(model.ln_f(model.blocks[1](model.blocks[0](x))))
     whole = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
     assert model(idx, targets).item() == pytest.approx(whole.item(), rel=1e-6)
 
 
 def test_deepspeeds_estimator_has_none_for_stage0_and_counts_host_memory_per_node():
-    r = record(3)
-    assert t.deepspeed_estimate(0, r, 4, 1, r["offload"]) is None
-    one = t.deepspeed_estimate(3, r, 4, 1, {"optimizer": "cpu", "param": None})
-    two = t.deepspeed_estimate(3, r, 4, 2, {"optimizer": "cpu", "param": None})
+    offload = {"optimizer": "cpu", "param": None}
+    assert predict.deepspeed_estimate(0, PSI, PSI // 10, 4, 1, offload) is None
+    one = predict.deepspeed_estimate(3, PSI, PSI // 10, 4, 1, offload)
+    two = predict.deepspeed_estimate(3, PSI, PSI // 10, 4, 2, offload)
     assert two["host_per_node"] == pytest.approx(one["host_per_node"] / 2, rel=0.01)
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("optimizer, param", [(None, None), ("cpu", None), ("cpu", "cpu")])
+def test_the_estimator_arithmetic_equals_deepspeeds_own_functions(stage, optimizer, param):
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    if stage < 3 and param:
+        pytest.skip("stages 1 and 2 do not offload parameters")
+    mine = predict.deepspeed_estimate(stage, PSI, PSI // 10, 4, 2, {"optimizer": optimizer, "param": param})
+    if stage == 3:
+        host, device, _ = estimate_zero3_model_states_mem_needs(PSI, PSI // 10, num_gpus_per_node=4, num_nodes=2,
+                                                                cpu_offload=bool(optimizer), cpu_offload_params=bool(param))
+    else:
+        host, device = estimate_zero2_model_states_mem_needs(PSI, num_gpus_per_node=4, num_nodes=2,
+                                                             cpu_offload=bool(optimizer))
+    assert mine == {"device": device, "host_per_node": host}
+
+
 def whole(stage):
-    return t.predicted_states(stage, "bf16", PSI, PSI, 0)
+    return predict.model_states(stage, "bf16", PSI, PSI)
 
 
 def held(stage, params, grads, optimizer):
-    """Made-up held shares, turned into bytes the way predicted_states counts them."""
+    """Made-up held shares, turned into bytes the way model_states counts them."""
     w = whole(stage)
     return {"params": params * w["params"], "grads": grads * w["grads"],
             "master": optimizer * w["master"], "moments": optimizer * w["moments"]}
@@ -122,33 +172,29 @@ def held(stage, params, grads, optimizer):
     (0, (1.0, 1.0, 1.0), True),
 ])
 def test_partition_check_holds_each_stage_to_its_promise(stage, shares, ok):
-    shard = t.shard_elems(stage, {"params_total": PSI, "local_param_elems": PSI // G}, G)
-    promised = t.shares(t.predicted_states(stage, "bf16", PSI, shard, 0), whole(stage))
-    measured = t.shares(held(stage, *shares), whole(stage))
-    assert t.partition_check(measured, promised, stage, {"params_total": PSI, "largest_param_elems": PSI // 100}) is ok
+    promised = predict.shares(states(stage), whole(stage))
+    measured = predict.shares(held(stage, *shares), whole(stage))
+    assert predict.holds_as_promised(measured, promised, stage, 2 / 100, record.PARTITION_TOLERANCE) is ok
 
 
 def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu():
-    r = {**record(3, offload={"optimizer": "cpu", "param": "cpu"}), "persistent_elems": 1000}
-    figures = t.predict_memory(r, args(3), torch.device("cuda"), {})
-    assert figures["predicted_model_state_bytes"] == 2 * 1000
-    assert figures["predicted_host_state_bytes"] == sum(figures["predicted_breakdown"].values()) - 2 * 1000
+    r = predicted(rank(3, offload={"optimizer": "cpu", "param": "cpu"}, persistent_elems=1000))
+    assert r.predicted_model_state_bytes == 2 * 1000
+    assert r.predicted_host_state_bytes == sum(r.predicted_breakdown.values()) - 2 * 1000
 
 
 def test_differences_name_the_kind_and_its_cause():
-    r = {**record(1), "mem_kind": "cpu_rss"}
-    r["predicted_breakdown"] = t.predicted_states(1, "bf16", PSI, PSI / G, 0)
-    r["model_state_breakdown"] = {**held(1, 1.0, 0.3, 0.25), "other": 0}
-    [line] = t.differences(r)
+    r = rank(1, mem_kind="cpu_rss", deepspeed_estimate=None)
+    r.predicted_breakdown = predict.model_states(1, "bf16", PSI, PSI / G)
+    [line] = explain.differences(asdict(r), held(1, 1.0, 0.3, 0.25))
     assert line.startswith("model states: grads -") and "stage 1 also reduces the gradients" in line
 
 
 def test_differences_explain_a_gpu_peak_far_from_its_estimate():
-    r = {**record(3), "mem_kind": "cuda", "peak_mem_bytes": 3 * 2**30, "predicted_peak_bytes": 2**30,
-         "activation_estimate_bytes": 2**29, "step_transient_bytes": 2**28}
-    r["predicted_breakdown"] = t.predicted_states(3, "bf16", PSI, PSI // G, 0)
-    r["model_state_breakdown"] = {**r["predicted_breakdown"], "other": 0}
-    [line] = t.differences(r)
+    r = rank(3, peak_mem_bytes=3 * 2**30, predicted_peak_bytes=2**30, activation_estimate_bytes=2**29,
+             step_transient_bytes=2**28, deepspeed_estimate=None)
+    r.predicted_breakdown = states(3)
+    [line] = explain.differences(asdict(r), r.predicted_breakdown)
     assert line.startswith("peak: 3.00 GiB measured against 1.00 GiB estimated")
 
 
@@ -158,18 +204,17 @@ def test_differences_explain_a_gpu_peak_far_from_its_estimate():
     (3, {"optimizer": "cpu", "param": "cpu"}, ["largest layer (100,000 elements)"]),
 ])
 def test_differences_say_what_deepspeeds_estimator_adds(stage, offload, adds):
-    r = {**record(stage, offload=offload), "mem_kind": "cuda", "model_state_bytes": 10 * 2**20,
-         "deepspeed_estimate": {"device": 12 * 2**20, "host_per_node": 0}}
-    [line] = t.estimator_gap(r)
+    r = rank(stage, offload=offload, model_state_bytes=10 * 2**20,
+             deepspeed_estimate={"device": 12 * 2**20, "host_per_node": 0})
+    [line] = explain.estimator_gap(asdict(r))
     assert line.startswith("DeepSpeed's estimator: 12.0 MiB against 10.0 MiB measured: it adds ")
     assert all(a in line for a in adds)
     assert ("bytes per partition element" in line) == (offload is None) and ("largest layer" in line) == (stage == 3)
 
 
 def test_an_estimate_within_10_percent_needs_no_explanation():
-    r = {**record(3), "mem_kind": "cuda", "model_state_bytes": 10 * 2**20,
-         "deepspeed_estimate": {"device": 10.5 * 2**20, "host_per_node": 0}}
-    assert t.estimator_gap(r) == []
+    r = rank(3, model_state_bytes=10 * 2**20, deepspeed_estimate={"device": 10.5 * 2**20, "host_per_node": 0})
+    assert explain.estimator_gap(asdict(r)) == []
 
 
 def test_out_of_memory_covers_gpu_and_capped_cpu_allocations():
@@ -181,9 +226,16 @@ def test_out_of_memory_covers_gpu_and_capped_cpu_allocations():
 
 def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
     # the H200 offload runs once reported the host RSS after engine start instead of the steps' larger one
-    steps = [{"step": i, "loss": 1.0, "time_s": 0.5, "peak_mem_bytes": 10 * i, "peak_reserved_bytes": 20 * i,
+    steps = [{"step": i, "loss": 1.0, "lr": 1e-5, "time_s": 0.5, "peak_mem_bytes": 10 * i, "peak_reserved_bytes": 20 * i,
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
-    result = {"steps": steps, "world_size": 1, "gpus": 1, "model_state_breakdown": {"other": 0},
-              "peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
-    t.summarize(result, Namespace(micro_batch=2, seq=8), flops_per_token=1, peak=None)
-    assert (result["peak_mem_bytes"], result["peak_reserved_bytes"], result["host_peak_rss_bytes"]) == (30, 100, 90)
+    start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
+    m = record.Measured(steps=steps, memory_at_start=start)
+    r = record.assemble(facts(0, world=1), m, t.PRESETS["1.3b"], t.LOSS_CHUNK, 0, 1, None, {"peak_mem_bytes": 0})
+    assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
+
+
+def test_the_learning_rate_warms_up_linearly_from_zero_to_lr():
+    from argparse import Namespace
+    args = Namespace(lr=1e-5, warmup=2)
+    assert [t.learning_rate(step, args) for step in range(5)] == [0, 5e-6, 1e-5, 1e-5, 1e-5]
+    assert t.learning_rate(1, Namespace(lr=1e-5, warmup=0)) == 1e-5

@@ -1,44 +1,323 @@
-"""Bad input: one clear line on stderr, exit status 2, no traceback, before any process group starts."""
+"""Bad input, as a specification: every input that no run can use stops with exit status 2 and exactly one
+line on stderr (`train_gpt.py: error: ...`, or `run.sh: error: ...`), never a traceback, before any process
+group starts or anything is launched. A valid `--check` prints one line that says how the inputs were read.
+
+Most cases run train_gpt.main() in this process with `--check`, as rank 0 of a launch of one, which costs
+milliseconds; a few run `python3 train_gpt.py` for real, to prove that no traceback reaches the terminal."""
+import json
+import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+import train_gpt
 from conftest import ROOT
 
-CASES = {
-    "unknown stage": (["--stage", "5"], "invalid choice: 5"),
-    "a stage that does not exist": (["--config", "tests/stage5.json"],
-                                    "zero_optimization.stage must be 0, 1, 2 or 3, not 5"),
-    "unknown preset": (["--model", "13b"], "invalid choice: '13b'"),
-    "missing config": (["--config", "no/such.json"], "config not found: no/such.json"),
-    "invalid json": (["--config", "run.sh"], "is not valid JSON"),
-    "stage mismatch": (["--stage", "3", "--config", "ds_config_stage0.json"],
-                       "has zero_optimization.stage 0, but --stage is 3"),
-    "fp16 on a cpu": (["--dtype", "fp16"], "fp16 needs a GPU"),
-    "sequence beyond the context": (["--model", "tiny", "--seq", "257"], "outside the tiny model's context"),
-    "micro batch below 1": (["--micro-batch", "0"], "--micro-batch must be at least 1"),
-    "a memory cap of nothing": (["--max-mem-gib", "0"], "--max-mem-gib must be positive"),
-    "missing data file": (["--data", "no/such.bin"], "--data no/such.bin: no such file"),
-    "unknown option": (["--stages", "3"], "unrecognized arguments: --stages 3"),
+# the variables a launcher sets: with them, machine.adopt_launcher_env leaves the process environment alone
+LAUNCHED_AS_RANK_0 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": "29500"}
+ON_GPU = torch.cuda.is_available()
+cpu_only = pytest.mark.skipif(ON_GPU, reason="fp16 is refused only on a machine without a GPU")
+not_root = pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file, whatever its permissions")
+
+
+@pytest.fixture
+def check(monkeypatch, capsys):
+    """check(*argv): train_gpt.main(argv + --check) in this process; its exit status and output lines."""
+    for name, value in LAUNCHED_AS_RANK_0.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)  # for the cases' relative paths
+
+    def run(*argv):
+        argv = [str(a) for a in argv]
+        if not any(a.startswith("--check") for a in argv):
+            argv.append("--check")
+        capsys.readouterr()
+        try:
+            train_gpt.main(argv)
+            status = 0
+        except SystemExit as e:
+            status = e.code
+        out, err = capsys.readouterr()
+        return SimpleNamespace(status=status, out=out.splitlines(), err=err.splitlines())
+    return run
+
+
+def assert_refused(result, *fragments, prog="train_gpt.py"):
+    """Exit status 2, and stderr is one line, the error, holding every fragment."""
+    assert result.status == 2, result
+    assert "Traceback" not in "\n".join(result.err)
+    [line] = result.err
+    assert line.startswith(f"{prog}: error: "), line
+    for fragment in fragments:
+        assert fragment in line
+
+
+def fragments(message):
+    return message if isinstance(message, tuple) else (message,)
+
+
+# -----------------------------------------------------------------------------
+# the command line
+
+OPTION_CASES = {
+    "a learning rate that is not a number": (["--lr", "nan"], "argument --lr: must be a positive number, not nan"),
+    "an infinite learning rate": (["--lr", "inf"], "argument --lr: must be a positive number, not inf"),
+    "a negative learning rate": (["--lr", "-1"], "argument --lr: must be a positive number, not -1"),
+    "a micro batch of 0": (["--micro-batch", "0"], "argument --micro-batch: must be at least 1, not 0"),
+    "a micro batch that is not a number": (["--micro-batch", "abc"],
+                                           "argument --micro-batch: invalid int value: 'abc'"),
+    "0 steps": (["--steps", "0"], "argument --steps: must be at least 1, not 0"),
+    "a negative seed": (["--seed", "-1"], "argument --seed: must be between 0 and 2**63 - 1, not -1"),
+    "a seed beyond 64 bits": (["--seed", "18446744073709551616"],
+                              "argument --seed: must be between 0 and 2**63 - 1, not 18446744073709551616"),
+    "a memory cap of nothing": (["--max-mem-gib", "0"], "argument --max-mem-gib: must be a positive number, not 0"),
+    "a memory cap that is not a number": (["--max-mem-gib", "nan"],
+                                          "argument --max-mem-gib: must be a positive number, not nan"),
+    "a sequence beyond the model's context": (["--seq", "257"],
+                                              "--seq 257 is outside the tiny model's context of 1..256 tokens"),
+    "a negative warm-up": (["--warmup", "-1"], "argument --warmup: must be at least 0, not -1"),
+    "a timeout of nothing": (["--timeout-s", "0"], "argument --timeout-s: must be a positive number, not 0"),
+    "an unknown option": (["--stages", "3"], "unrecognized arguments: --stages 3"),
+    "an unknown model": (["--model", "13b"], "argument --model: invalid choice: '13b'"),
+    "a stage that does not exist": (["--stage", "5"], "argument --stage: invalid choice: 5"),
+    "--check for 0 ranks": (["--check", "0"], "argument --check: must be at least 1, not 0"),
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_input_exits_2_with_one_line(case):
-    args, message = CASES[case]
-    proc = subprocess.run([sys.executable, "train_gpt.py", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    errors = [line for line in proc.stderr.splitlines() if "train_gpt.py: error:" in line]
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(errors) == 1 and message in errors[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+@pytest.mark.parametrize("case", OPTION_CASES)
+def test_a_bad_option_is_refused_in_one_line(case, check):
+    argv, message = OPTION_CASES[case]
+    assert_refused(check(*argv), *fragments(message))
 
 
-def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+@cpu_only
+def test_fp16_is_refused_on_a_machine_without_a_gpu(check):
+    assert_refused(check("--dtype", "fp16"), "fp16 needs a GPU, and this machine has none",
+                   "(--dtype asks for fp16)")
+
+
+# -----------------------------------------------------------------------------
+# the DeepSpeed config: each case's text is written to a file, {config} in its message stands for its path
+
+CONFIG_CASES = {
+    "a JSON list": ("[1, 2]", [], "config {config} is not a JSON object"),
+    "a stage that does not exist": ({"zero_optimization": {"stage": 5}}, [],
+                                    "config {config}: zero_optimization.stage must be 0, 1, 2 or 3, not 5"),
+    "a stage given as a string": ({"zero_optimization": {"stage": "3"}}, [],
+                                  'config {config}: zero_optimization.stage must be a number, not "3"'),
+    "a micro batch given as a word": ({"train_micro_batch_size_per_gpu": "two"}, [],
+                                      'config {config}: train_micro_batch_size_per_gpu must be a number, not "two"'),
+    "a fractional micro batch": ({"train_micro_batch_size_per_gpu": 2.5}, [],
+                                 "config {config}: train_micro_batch_size_per_gpu must be a positive whole number, "
+                                 "not 2.5"),
+    "a micro batch of NaN": ('{"train_micro_batch_size_per_gpu": NaN}', [],
+                             "config {config}: train_micro_batch_size_per_gpu must be finite, not nan"),
+    "gradient accumulation": ({"gradient_accumulation_steps": 4}, [],
+                              ("config {config}: the benchmark times one micro batch per step",
+                               "set gradient_accumulation_steps to 1, not 4")),
+    "fp16 and bf16 both enabled": ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, [],
+                                   "config {config} enables both fp16 and bf16"),
+    "fp16 enabled on a CPU machine": ({"fp16": {"enabled": True}}, [],
+                                      "fp16 needs a GPU, and this machine has none: use --dtype bf16 or fp32 "
+                                      "(the config asks for fp16)"),
+    "an optimizer DeepSpeed does not build": ({"optimizer": {"type": "Adamm"}}, [],
+                                              'config {config}: optimizer.type "Adamm" is not an optimizer that '
+                                              "DeepSpeed builds"),
+    "a learning rate given as a word": ({"optimizer": {"type": "AdamW", "params": {"lr": "fast"}}}, [],
+                                        'params.lr must be a number, not "fast"'),
+    "an offload device DeepSpeed refuses": ({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}},
+                                            [], ("config {config}: DeepSpeed refuses it:", "offload_param.device")),
+    "a train batch that does not divide over the ranks": ({"train_batch_size": 3}, ["--check", "2"],
+                                                          "config {config}: train_batch_size 3 does not divide over "
+                                                          "2 rank(s)"),
+    "a train batch that contradicts the micro batch": ({"train_batch_size": 8}, ["--micro-batch", "2", "--check", "2"],
+                                                       "--micro-batch 2 x 2 rank(s) contradicts train_batch_size 8 "
+                                                       "in config {config}"),
+}
+
+
+CPU_ONLY = {"fp16 enabled on a CPU machine"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=cpu_only) if c in CPU_ONLY else c for c in CONFIG_CASES])
+def test_a_bad_config_is_refused_in_one_line(case, check, tmp_path):
+    content, argv, message = CONFIG_CASES[case]
+    config = tmp_path / "config.json"
+    config.write_text(content if isinstance(content, str) else json.dumps(content))
+    result = check("--config", config, *argv)
+    assert_refused(result, *(f.format(config=config) for f in fragments(message)))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "{tmp}/no-such.json"], "config not found: {tmp}/no-such.json"),
+    (["--config", "tests"], "config tests is a directory, not a file"),
+    (["--config", "run.sh"], "config run.sh is not valid JSON: Expecting value: line 1 column 1"),
+    (["--stage", "3", "--config", "ds_config_stage0.json"],
+     "config ds_config_stage0.json has zero_optimization.stage 0, but --stage is 3"),
+], ids=["a missing file", "a directory", "not JSON", "a stage that contradicts --stage"])
+def test_a_config_that_cannot_be_used_is_refused_in_one_line(argv, message, check, tmp_path):
+    assert_refused(check(*(a.format(tmp=tmp_path) for a in argv)), message.format(tmp=tmp_path))
+
+
+# -----------------------------------------------------------------------------
+# the token file: the tiny model has a vocabulary of 256 and a context of 256 tokens
+
+def tokens(*ids):
+    return b"".join(i.to_bytes(2, "little") for i in ids)
+
+
+DATA_CASES = {
+    "a missing file": (None, "--data {data}: no such file"),
+    "a directory": (lambda path: path.mkdir(), "--data {data}: not a file"),
+    "an empty file": (lambda path: path.write_bytes(b""), "the data has 0 tokens, fewer than one row of 256 + 1"),
+    "an odd-sized file": (lambda path: path.write_bytes(tokens(*range(300)) + b"\0"),
+                          "--data {data}: not a flat uint16 token file (odd size)"),
+    "too few tokens for one row": (lambda path: path.write_bytes(tokens(*range(256))),
+                                   "the data has 256 tokens, fewer than one row of 256 + 1"),
+    "token ids beyond the vocabulary": (lambda path: path.write_bytes(tokens(*range(300))),
+                                        "--data {data}: token ids reach 299, outside the vocabulary of 256"),
+}
+
+
+@pytest.mark.parametrize("case", DATA_CASES)
+def test_bad_data_is_refused_in_one_line(case, check, tmp_path):
+    make, message = DATA_CASES[case]
     data = tmp_path / "tokens.bin"
-    data.write_bytes(bytes(range(256)) * 64)  # as uint16, ids up to 0xfffe
-    proc = subprocess.run([sys.executable, "train_gpt.py", "--model", "tiny", "--data", str(data)], cwd=ROOT,
+    if make:
+        make(data)
+    assert_refused(check("--data", data), message.format(data=data))
+
+
+# -----------------------------------------------------------------------------
+# files this user may not read
+
+@not_root
+def test_a_config_without_read_permission_is_refused_in_one_line(check, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    config.chmod(0)
+    assert_refused(check("--config", config), f"config {config} cannot be read: permission denied")
+
+
+@not_root
+def test_data_without_read_permission_is_refused_in_one_line(check, tmp_path):
+    data = tmp_path / "tokens.bin"
+    data.write_bytes(tokens(*range(256)) * 2)
+    data.chmod(0)
+    assert_refused(check("--data", data), f"--data {data}: cannot be read: permission denied")
+
+
+# -----------------------------------------------------------------------------
+# a real process: the error reaches the terminal as one line, with no traceback
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lr", "nan"], "argument --lr: must be a positive number, not nan"),
+    (["--config", "run.sh"], "config run.sh is not valid JSON"),
+    (["--config", "{tmp}/offload.json"], "DeepSpeed refuses it:"),
+    (["--data", "{tmp}/tokens.bin"], "token ids reach 299, outside the vocabulary of 256"),
+], ids=["an option", "a config that is not JSON", "a config DeepSpeed refuses", "token ids beyond the vocabulary"])
+def test_a_launch_with_bad_input_prints_one_line_and_no_traceback(argv, message, tmp_path):
+    (tmp_path / "offload.json").write_text(json.dumps({"zero_optimization": {"stage": 3,
+                                                                             "offload_param": {"device": "gpu"}}}))
+    (tmp_path / "tokens.bin").write_bytes(tokens(*range(300)))
+    proc = subprocess.run([sys.executable, "train_gpt.py", *(a.format(tmp=tmp_path) for a in argv)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2
-    assert "outside the vocabulary of 256" in proc.stderr
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("train_gpt.py: error: ") and message in line
+
+
+# -----------------------------------------------------------------------------
+# valid input: --check says how the inputs were read, in one line, and exits 0
+
+
+def test_a_valid_check_prints_one_line_and_exits_0(check):
+    result = check()
+    assert result.status == 0 and result.err == []
+    [line] = result.out
+    assert line.startswith("stage 3, bf16 (from the config), micro batch 2 per rank (from "
+                           "train_micro_batch_size_per_gpu) x 1 rank(s), lr 0.003 (from the preset; warm-up over 2 "
+                           "steps), optimizer torch AdamW, config ")
+    assert line.endswith("ds_config_stage3.json")
+
+
+def test_a_valid_check_exits_0_as_a_process(tmp_path):
+    proc = subprocess.run([sys.executable, "train_gpt.py", "--check", "2"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1].startswith("stage 3, bf16 (from the config), micro batch 2 per rank (from "
+                                                   "train_micro_batch_size_per_gpu) x 2 rank(s)")
+
+
+def test_train_batch_size_sets_the_micro_batch_over_the_ranks(check, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"train_batch_size": 8}))
+    result = check("--config", config, "--check", "2")
+    assert result.status == 0, result
+    [line] = result.out
+    assert "micro batch 4 per rank (from train_batch_size) x 2 rank(s)" in line
+
+
+@pytest.mark.parametrize("sections, argv, reads", [
+    ({"bf16": {"enabled": True}}, [], "bf16 (from the config)"),
+    ({}, [], "fp32 (from the config)"),
+    ({"bf16": {"enabled": False}, "fp16": {"enabled": False}}, [], "fp32 (from the config)"),
+    ({"bf16": {"enabled": True}}, ["--dtype", "fp32"], "fp32 (from --dtype)"),
+    ({"fp16": {"enabled": True}}, ["--dtype", "bf16"], "bf16 (from --dtype)"),
+], ids=["bf16 section", "no section", "both disabled", "--dtype over bf16", "--dtype over fp16"])
+def test_the_config_decides_the_dtype_unless_dtype_is_given(sections, argv, reads, check, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(sections))
+    result = check("--config", config, *argv)
+    assert result.status == 0, result
+    [line] = result.out
+    assert line.startswith(f"stage 0, {reads}, ")
+
+
+# -----------------------------------------------------------------------------
+# run.sh refuses before launching anything, and leaves no results folder
+
+
+@pytest.fixture(scope="module")
+def comments_only_hostfile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hostfile") / "hostfile"
+    path.write_text("# worker-1 slots=8\n\n   # worker-2 slots=8\n")
+    return path
+
+
+RUN_SH_CASES = {
+    "0 ranks": (["--ranks", "0"], {}, "run.sh", "--ranks takes positive whole numbers, not '0'"),
+    "ranks that are not a number": (["--ranks", "abc"], {}, "run.sh",
+                                    "--ranks takes positive whole numbers, not 'abc'"),
+    "a stage without a config": (["--stages", "7"], {}, "run.sh",
+                                 "no config for stage '7'; there are: 0 1 2 3 3_infinity 3_offload"),
+    "an unknown model, train_gpt.py's own check": (["--model", "13b"], {}, "train_gpt.py",
+                                                   "argument --model: invalid choice: '13b'"),
+    "a missing hostfile": ([], {"HOSTFILE": "/no/such/file"}, "run.sh",
+                           "HOSTFILE /no/such/file is not a readable file"),
+    "a hostfile of comments only": ([], {"HOSTFILE": "{hostfile}"}, "run.sh", "HOSTFILE {hostfile} names no host"),
+    "--stage": (["--stage", "3"], {}, "run.sh", "--stage is run.sh's to set"),
+    "--check": (["--check"], {}, "run.sh", "--check is run.sh's to set"),
+    "--ranks with no value": (["--ranks"], {}, "run.sh", "--ranks needs a value"),
+}
+
+
+@pytest.mark.parametrize("case", RUN_SH_CASES)
+def test_run_sh_refuses_bad_input_before_launching_anything(case, tmp_path, comments_only_hostfile):
+    args, env, prog, message = RUN_SH_CASES[case]
+    results = tmp_path / "results"
+    env = {name: value.format(hostfile=comments_only_hostfile) for name, value in env.items()}
+    proc = subprocess.run(["bash", "run.sh", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**{k: v for k, v in os.environ.items() if k not in ("HOSTFILE", "RANKS")}, **env,
+                               "RESULTS": str(results)})
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line.startswith(f"{prog}: error: ") and message.format(hostfile=comments_only_hostfile) in line, line
+    assert not results.exists() or not any(results.iterdir())

@@ -45,8 +45,9 @@ def test_each_rank_prints_the_original_design_lines(stage3, run_sh):
 
 
 # what train_gpt.py's main() records before anything can fail
-EARLY_KEYS = ("stage", "rank", "world_size", "model", "config", "dtype", "micro_batch", "seq", "lr", "seed",
-              "checkpoint", "compile", "steps", "oom", "error", "peak_mem_bytes", "mem_kind")
+EARLY_KEYS = ("stage", "rank", "world_size", "model", "config", "dtype", "micro_batch", "seq", "lr", "warmup", "seed",
+              "checkpoint", "compile", "max_mem_gib", "timeout_s", "offload", "launcher", "steps", "oom", "error",
+              "peak_mem_bytes", "mem_kind")
 
 
 def oom_log(records):
@@ -89,7 +90,7 @@ def test_one_process_runs_without_a_launcher(single_process):
 
 
 def test_one_rank_cannot_show_sharding_and_says_so(single_process, capsys):
-    assert report.main([str(single_process.folder)]) == 3
+    assert report.main([str(single_process.folder)]) == 5
     out = capsys.readouterr().out
     assert "NOT OBSERVABLE" in out and "with 1 rank there is nothing to shard across" in out
     assert "VERDICT: NOT OBSERVABLE" in out

@@ -3,7 +3,7 @@ that only stage 3 can fit."""
 import pytest
 
 import report
-import train_gpt as t
+import record
 from conftest import planted
 
 # what each stage promises to partition over the ranks; the rest stays whole on every rank
@@ -84,7 +84,7 @@ def test_a_gpu_rank_that_offloads_every_model_state_is_reported_without_a_divisi
     cpu = other_stages.runs["stage3_infinity"][0]
     r = dict(cpu, mem_kind="cuda", predicted_model_state_bytes=0, host_state_breakdown=cpu["model_state_breakdown"],
              host_state_bytes=cpu["model_state_bytes"], predicted_host_state_bytes=cpu["predicted_model_state_bytes"])
-    lines = "\n".join(t.human_lines(r))
+    lines = "\n".join(record.human_lines(r))
     assert "vs ZeRO prediction 0.0 MiB (-)" in lines and "host (CPU) model states" in lines
 
 

@@ -1,0 +1,124 @@
+"""
+What one rank holds, measured on the tensors themselves: what ZeRO partitioned, read from DeepSpeed's own
+attributes, and a census of the live tensors sorted into the kinds of model state.
+"""
+import gc
+import math
+import warnings
+
+import torch
+from deepspeed import comm as dist
+from deepspeed.runtime.zero.utils import is_zero_param
+from torch._subclasses.fake_tensor import FakeTensor
+
+
+def full_numel(p):
+    """A partitioned parameter's numel() is 0; ds_numel is its full size."""
+    return p.ds_numel if is_zero_param(p) else p.numel()
+
+
+def shard_report(model, world):
+    """Count what ZeRO-3 partitioned: a partitioned parameter has ds_numel (its full size) and ds_tensor
+    (this rank's shard, ceil(numel / G) elements); a persistent one (ds_persist) also stays whole on every
+    rank."""
+    params = list(model.parameters())
+    zero = [p for p in params if is_zero_param(p)]
+    return {
+        "param_tensors": len(params),
+        "partitioned_tensors": len(zero),
+        "persistent_tensors": sum(bool(p.ds_persist) for p in zero),
+        "params_total": sum(map(full_numel, params)),
+        "local_param_elems": sum(p.ds_tensor.numel() if is_zero_param(p) else p.numel() for p in params),
+        "persistent_elems": sum(p.ds_numel for p in zero if p.ds_persist),
+        "largest_param_elems": max(map(full_numel, params)),
+        "shard_check_ok": all(p.ds_tensor.numel() == math.ceil(p.ds_numel / world) for p in zero),
+    }
+
+
+def owned_values(p, rank):
+    """The elements of p that this rank owns, and the place of the first in the whole tensor: all of an
+    unpartitioned tensor, or this rank's shard without its padding."""
+    if not is_zero_param(p):
+        return p.data.flatten(), 0
+    shard = p.ds_tensor.numel()
+    return p.ds_tensor.flatten()[: max(0, min(shard, p.ds_numel - rank * shard))], rank * shard
+
+
+def weights_checksum(model, rank, device):
+    """A sum of every weight of the model, each multiplied by a factor that depends on its tensor and its
+    place in it, from the elements each rank owns. It matches stage 0's only if the shards of all ranks
+    hold stage 0's weights, each in its place."""
+    chunk = 1 << 24  # bounds the fp64 temporaries
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for t, p in enumerate(model.parameters(), 1):
+        values, first = owned_values(p, rank)
+        for i in range(0, values.numel(), chunk):
+            part = values[i: i + chunk].double()
+            place = torch.arange(first + i, first + i + part.numel(), dtype=torch.float64, device=part.device)
+            total += t * (part * (place % 997 + 1)).sum()
+    if any(is_zero_param(p) for p in model.parameters()):
+        dist.all_reduce(total)
+    return total.item()
+
+
+def storages(tensors, device_type):
+    """{storage address: bytes} for the distinct storages behind these tensors on a kind of device."""
+    found = {}
+    for t in tensors:
+        # torch.compile leaves fake tensors behind, which hold no memory
+        if torch.is_tensor(t) and t.device.type == device_type and not isinstance(t, FakeTensor):
+            try:
+                storage = t.untyped_storage()
+                found[storage.data_ptr()] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):
+                pass  # other tensor subclasses without storage
+    found.pop(0, None)  # empty storages
+    return found
+
+
+def partitioned_gradients(optimizer):
+    """The gradient partitions that ZeRO keeps off the parameters: stage 3 reduces into one flat buffer of
+    this rank's partitions, stage 2 into grads_in_partition, and both list them in averaged_gradients."""
+    found = [getattr(optimizer, name, None) for name in ("grad_partitions_flat_buffer", "grads_in_partition")]
+    averaged = getattr(optimizer, "averaged_gradients", None) or {}
+    for group in (averaged.values() if isinstance(averaged, dict) else averaged):
+        found += group or []
+    return found
+
+
+def census(engine, device_type):
+    """Bytes of every live tensor on a kind of device, counted from the tensors themselves and sorted into
+    the model states (parameters, gradients, fp32 master weights, optimizer moments) and the rest
+    (communication buckets, buffers)."""
+    params = list(engine.module.parameters())
+    opt = engine.basic_optimizer
+    owners = {
+        "params": [t for p in params for t in (p.data, getattr(p, "ds_tensor", None))],
+        "grads": [p.grad for p in params] + partitioned_gradients(engine.optimizer),
+        # the optimizer's own parameters; ZeRO-3 lends them to its param_groups only during step()
+        "master": [p for group in opt.param_groups for p in group["params"]] + list(opt.state),
+        "moments": [t for state in opt.state.values() for t in state.values()],
+    }
+    gc.collect()
+    with warnings.catch_warnings():  # looking at every object touches deprecated torch attributes
+        warnings.simplefilter("ignore")
+        live = storages([o for o in gc.get_objects() if torch.is_tensor(o)], device_type)
+    claimed, found = {}, {}
+    for kind, tensors in owners.items():
+        mine = {k: v for k, v in storages(tensors, device_type).items() if k not in claimed}
+        claimed.update(mine)
+        found[kind] = sum(mine.values())
+    found["other"] = sum(v for k, v in live.items() if k not in claimed)
+    return found
+
+
+def combined(after_backward, after_step):
+    """Gradients and optimizer states never all exist at one moment of the first step: Adam creates its
+    moments in the step, which frees the gradients. The census after backward gives the parameters,
+    gradients and other tensors; the one after the step, the master weights and moments."""
+    return {**after_backward, "master": after_step["master"], "moments": after_step["moments"]}
+
+
+def gathered_tensors(model):
+    """Partitioned, not persistent, and yet whole on this rank right now."""
+    return sum(1 for p in model.parameters() if is_zero_param(p) and not p.ds_persist and p.numel() > 0)

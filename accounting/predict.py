@@ -1,0 +1,124 @@
+"""
+What theory says one rank holds: the ZeRO paper's model states (Rajbhandari et al., 2020, Figure 1 and
+section 5), DeepSpeed's own estimator, and the activations (Korthikanti et al., 2022). Pure arithmetic on
+counts, with no torch and no deepspeed, so that it is tested against the paper's own figures.
+"""
+import math
+
+# What each ZeRO stage partitions over the ranks; everything else stays whole on every rank. Every check,
+# prediction and explanation reads this table.
+PARTITIONS = {0: frozenset(), 1: frozenset({"optimizer"}), 2: frozenset({"optimizer", "grads"}),
+              3: frozenset({"optimizer", "grads", "params"})}
+# The kinds of model state, and the kinds of state a stage partitions them as.
+KINDS = ("params", "grads", "master", "moments")
+PARTITIONED_AS = {"params": "params", "grads": "grads", "master": "optimizer", "moments": "optimizer"}
+WIDTH = {"bf16": 2, "fp16": 2, "fp32": 4}
+ADAM_BYTES = 8  # fp32 momentum and variance per element
+MASTER_BYTES = 4  # an fp32 copy of the weights per element
+
+
+def partitioned(stage, kind):
+    return PARTITIONED_AS[kind] in PARTITIONS[stage]
+
+
+def model_states(stage, dtype, full, shard, persistent=0):
+    """The paper's model states of one rank by kind, for mixed-precision Adam: 16-bit weights and gradients
+    (2 + 2 bytes per parameter) and K = 12 for fp32 master weights, momentum and variance, each whole or
+    partitioned as PARTITIONS says. full: the model's parameters; shard: this rank's partition; persistent:
+    elements that stage 3 keeps whole besides. In fp32, stage 0 steps the weights themselves, but ZeRO's
+    optimizers keep an fp32 copy anyway (at stage 3, stage3.py compares a tensor's device with a string, so
+    it never reuses the weights): 4 more bytes per partition element."""
+    width = WIDTH[dtype]
+    per_element = {"params": width, "grads": width, "moments": ADAM_BYTES,
+                   "master": MASTER_BYTES if width < 4 or stage > 0 else 0}
+    held = {kind: shard if partitioned(stage, kind) else full for kind in KINDS}
+    held["params"] += persistent if stage == 3 else 0
+    return {kind: per_element[kind] * held[kind] for kind in KINDS}
+
+
+def shard_elems(stage, total, local, world):
+    """This rank's partition: its own shards at stage 3 (counted, with padding), 1/G of the one flat buffer
+    that stages 1 and 2 split, every element at stage 0."""
+    return local if stage == 3 else total / world if stage else total
+
+
+def host_kinds(offload):
+    """The kinds of model state in host memory: with the optimizer offloaded (ZeRO-Offload), the gradient
+    partitions it steps on besides its fp32 weights and moments; with the parameters too (ZeRO-Infinity),
+    the 16-bit weights."""
+    return (["grads", "master", "moments"] if offload["optimizer"] else []) + (["params"] if offload["param"] else [])
+
+
+def deepspeed_estimate(stage, total, largest, ranks_per_node, nodes, offload):
+    """DeepSpeed's estimate_zero3_model_states_mem_needs (stage 3) and estimate_zero2_model_states_mem_needs
+    (stages 1 and 2), as arithmetic, with zero.Init and their 1.5x host buffer: bytes per GPU and per node.
+    It counts 18 bytes per partition element (2 + 2 + 4 fp32 gradients + 4 + 8) and, at stage 3, 4 bytes per
+    element of the largest layer. It has none for stage 0."""
+    gpus, buffer = ranks_per_node * nodes, 1.5
+    if stage == 0:
+        return None
+    if stage < 3:
+        if offload["optimizer"]:
+            return {"device": 2 * total, "host_per_node": int(total * max(4 * gpus, 16) * buffer)}
+        return {"device": 2 * total + int(18 * total / gpus), "host_per_node": int(total * 4 * ranks_per_node * buffer)}
+    layer = 4 * largest
+    if offload["optimizer"] and offload["param"]:
+        return {"device": layer, "host_per_node": int(total * 18 / nodes * buffer)}
+    if offload["optimizer"]:
+        return {"device": layer + int(2 * total / gpus), "host_per_node": int(total * 16 / nodes * buffer)}
+    return {"device": layer + int(18 * total / gpus), "host_per_node": int(largest * 4 * ranks_per_node * buffer)}
+
+
+def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk):
+    """Activations saved for backward, after Korthikanti et al. (2022): 34 bytes per token and model
+    dimension per layer in 16 bits, plus 5 per attention score unless flash attention keeps none; with
+    checkpointing, each layer's input only, plus one layer recomputed. Then the logits during backward:
+    kept for the loss's recomputation, their gradient in chunks and as one tensor, and one chunk's fp32 copy,
+    log-softmax and their gradients. shape: layers, heads, d_model and the padded vocabulary."""
+    width, tokens = WIDTH[dtype], micro_batch * seq
+    layer = width / 2 * (34 * tokens * shape.d_model + (0 if flash else 5 * shape.heads * seq * tokens))
+    blocks = shape.layers * width * tokens * shape.d_model + layer if checkpoint else shape.layers * layer
+    return blocks + (3 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
+
+
+def step_transient_bytes(shard, optimizer_offloaded):
+    """The fp32 gradients that the optimizer step makes from the 16-bit ones, on the device unless the
+    optimizer runs on the host."""
+    return 0 if optimizer_offloaded else MASTER_BYTES * shard
+
+
+def peak_bytes(states, other, prefetch, activations, transient):
+    """The device's peak: model states and the other resident tensors (buckets), the parameters that
+    stage 3 gathers ahead, and the larger of the activations and the optimizer step's fp32 gradients,
+    which never coexist."""
+    return states + other + prefetch + max(activations, transient)
+
+
+def shares(states, whole):
+    """Each kind of model state, as partitioned (params, grads, optimizer), as a share of what one rank
+    would hold alone."""
+    groups = {}
+    for kind in KINDS:
+        held, alone = groups.get(PARTITIONED_AS[kind], (0, 0))
+        groups[PARTITIONED_AS[kind]] = (held + states[kind], alone + whole[kind])
+    return {group: held / alone for group, (held, alone) in groups.items()}
+
+
+def holds_as_promised(held, promised, stage, straddling, tolerance):
+    """Each group that the stage partitions is held at its promised share, and no group above it, give or
+    take tolerance; at stages 1 and 2 DeepSpeed also keeps whole the gradients of the (at most two)
+    tensors that straddle this rank's partition boundaries: a share of `straddling`."""
+    slack = {group: tolerance * promised[group] + (straddling if group == "grads" and stage in (1, 2) else 0)
+             for group in held}
+    return all(held[g] <= promised[g] + slack[g] and (g not in PARTITIONS[stage] or held[g] >= promised[g] - slack[g])
+               for g in held)
+
+
+def flops_per_token(params, layers, d_model, seq):
+    """Training FLOPs per token: 6 per parameter (forward and backward) and 12·L·d·T for attention's
+    scores and values (PaLM, appendix B), without checkpointing's recomputation."""
+    return 6 * params + 12 * layers * d_model * seq
+
+
+def padded(vocab, multiple=64):
+    return multiple * math.ceil(vocab / multiple)

@@ -1,0 +1,62 @@
+"""Figures as text, shared by train_gpt.py's lines and report.py's tables, and the exit statuses."""
+
+# One meaning each, in train_gpt.py, report.py and run.sh alike (README, "Exit status").
+EXIT = {"done": 0, "PASS": 0, "failed": 1, "FAIL": 1, "bad input": 2, "out of memory": 3, "loss not finite": 4,
+        "NOT OBSERVABLE": 5}
+
+
+def gib(nbytes):
+    return nbytes / 2**30
+
+
+def size(nbytes):
+    """Bytes in GiB, or in MiB below one GiB, so that a toy model's figures still show."""
+    return f"{gib(nbytes):.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def pct(x):
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def signed_pct(x):
+    return f"{100 * x:+.1f}%"
+
+
+def fmt(value, spec):
+    """A figure, or '-' where nothing was measured; spec 'bytes' gives GiB or MiB."""
+    if value is None:
+        return "-"
+    return size(value) if spec == "bytes" else format(value, spec)
+
+
+def error(measured, predicted):
+    """Measured against predicted, as a fraction; None where either is missing or zero."""
+    return measured / predicted - 1 if measured and predicted else None
+
+
+def format_table(rows):
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def other_bytes(records, breakdown="model_state_breakdown"):
+    """The most any rank holds in tensors that are not model states, on the device or (host_state_breakdown)
+    in host memory."""
+    return max((r[breakdown]["other"] for r in records if r.get(breakdown)), default=None)
+
+
+def rank_table(records):
+    """One row per rank of one run: what it partitioned and what it holds."""
+    rows = [("rank", "partitioned/total", "local elems", "model states", "predicted", "diff", "other tensors",
+             "peak", "status")]
+    for r in records:
+        measured, predicted = r.get("model_state_bytes"), r.get("predicted_model_state_bytes")
+        rows.append((r["rank"], f"{r.get('partitioned_tensors', '-')}/{r.get('param_tensors', '-')}",
+                     fmt(r.get("local_param_elems"), ","), fmt(measured or None, "bytes"),
+                     fmt(predicted or None, "bytes"), fmt(error(measured, predicted), "+.1%"),
+                     fmt(other_bytes([r]), "bytes"), fmt(r["peak_mem_bytes"] or None, "bytes"),
+                     "OOM" if r["oom"] else "error" if r["error"] else "ok"))
+    return format_table(rows)

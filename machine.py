@@ -1,0 +1,140 @@
+"""
+What train_gpt.py needs from the machine and the launcher, and the workarounds for them, each with why,
+so that each can go when its cause does.
+"""
+import ctypes
+import os
+import platform
+import re
+import resource
+import socket
+import subprocess
+from pathlib import Path
+
+import deepspeed
+import torch
+
+from options import BadInput
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def first_host(nodelist):
+    """The first host of a Slurm node list: 'gpu[03-04,07],cpu1' -> 'gpu03'."""
+    match = re.match(r"([^,\[]+)(?:\[([^\],-]+))?", nodelist)
+    if not match:
+        raise BadInput(f"cannot read the first host of the Slurm node list {nodelist!r}")
+    return match.group(1) + (match.group(2) or "")
+
+
+def slurm_env(env):
+    """torch.distributed's variables from srun's: one task per GPU, the first node as the master."""
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    tasks_here = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "").split("(")[0]
+    if not nodelist or "SLURM_NTASKS" not in env:
+        raise BadInput("srun set SLURM_PROCID but not SLURM_NTASKS and the node list: run one task per GPU with srun")
+    return {"RANK": env["SLURM_PROCID"], "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "WORLD_SIZE": env["SLURM_NTASKS"],
+            "LOCAL_WORLD_SIZE": tasks_here.split(",")[0] or env["SLURM_NTASKS"],
+            "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodelist),
+            # every task must agree on the port without talking first: derive it from the job
+            "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)}
+
+
+def openmpi_env(env):
+    """torch.distributed's variables from OpenMPI's mpirun. With one host the master is this host; across
+    hosts nothing says which is rank 0's, so MASTER_ADDR must come with the command (mpirun -x)."""
+    world, local = env["OMPI_COMM_WORLD_SIZE"], env.get("OMPI_COMM_WORLD_LOCAL_SIZE", env["OMPI_COMM_WORLD_SIZE"])
+    if "MASTER_ADDR" not in env and local != world:
+        raise BadInput("under mpirun across hosts, give rank 0's address: mpirun -x MASTER_ADDR=<host> ...")
+    return {"RANK": env["OMPI_COMM_WORLD_RANK"], "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+            "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": local, "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
+            "MASTER_PORT": env.get("MASTER_PORT", "29500")}
+
+
+def adopt_launcher_env(env=os.environ):
+    """Under the deepspeed launcher or torchrun, RANK and the rest are set. srun and mpirun set their own
+    variables instead: without these, every process would train alone as rank 0 of 1. A launcher that sets
+    neither is refused rather than guessed."""
+    if "RANK" in env:
+        return "deepspeed or torchrun"
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:  # srun, not a batch script's own shell
+        env.update(slurm_env(env))
+        return "srun"
+    if "OMPI_COMM_WORLD_RANK" in env:
+        env.update(openmpi_env(env))
+        return "mpirun"
+    if "PMI_RANK" in env or "PMIX_RANK" in env:
+        raise BadInput("this MPI sets PMI_RANK, which train_gpt.py does not read: set RANK, LOCAL_RANK, WORLD_SIZE, "
+                       "MASTER_ADDR and MASTER_PORT, or launch with deepspeed, torchrun, srun or OpenMPI's mpirun")
+    env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
+    env.setdefault("MASTER_PORT", str(free_port()))
+    return "one process"
+
+
+def normalise_cuda_arch_list():
+    """DeepSpeed's JIT op builder reads TORCH_CUDA_ARCH_LIST as numbers and fails on suffixed entries such
+    as Hopper's '9.0a' (images set it so); its ops need no arch-specific instructions, so build for '9.0'."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", archs)
+
+
+def release_shared_memory(rank):
+    """DeepSpeed's CPU all-reduce maps a 66 MB buffer per rank from /dev/shm, named after the master's
+    address and port, and never unlinks it: each run on CPUs would leave its buffers behind until the
+    host's memory runs out. Unlinked after this rank's last collective, it goes when every rank has exited."""
+    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_"
+            f"{os.environ.get('MASTER_PORT')}_{rank}")
+    Path("/dev/shm", name).unlink(missing_ok=True)
+
+
+def cap_host_memory(gib, start_threads):
+    """--max-mem-gib on a CPU: caps the process's data segment (RLIMIT_DATA) at what it holds now plus the
+    cap, so that the Python runtime and DeepSpeed do not count."""
+    start_threads()  # torch's thread pool: its threads' stacks count as data too
+    # glibc keeps freed blocks below a moving threshold in its heap; a fixed threshold hands every block
+    # over 64 KiB back when freed, so the data segment follows the live tensors
+    ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 64 * 1024)
+    data_kib = int(re.search(r"VmData:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
+    resource.setrlimit(resource.RLIMIT_DATA, (data_kib * 1024 + int(gib * 2**30), resource.RLIM_INFINITY))
+
+
+# Dense bf16 peak TFLOP/s by device name, for MFU; the first key found as a whole word wins, so the
+# specific names come first.
+PEAK_TFLOPS = {
+    "H100 PCIe": 756, "H100 NVL": 835, "H200 NVL": 835, "H100": 989, "H200": 989, "H800": 989,
+    "GB200": 2500, "B200": 2250, "A100": 312, "A800": 312, "L40S": 362, "L40": 181, "A10G": 70, "A10": 125,
+    "L4": 121, "MI300X": 1307, "MI250X": 383,
+}
+
+
+def peak_tflops(device, dtype):
+    """The device's dense 16-bit peak; none for a CPU, an unknown device, or fp32, which runs slower."""
+    if device.type != "cuda" or dtype == "fp32":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_TFLOPS.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def environment(device):
+    """What the run ran on, for the record of each run."""
+    env = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
+           "deepspeed": deepspeed.__version__, "cuda": torch.version.cuda, "gpus_on_host": torch.cuda.device_count(),
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"}
+    if device.type == "cuda":
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=30).stdout.split()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):
+            env["driver"] = None
+    return env

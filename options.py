@@ -1,0 +1,231 @@
+"""
+train_gpt.py's inputs: the command line and the DeepSpeed config, checked and resolved before any process
+group starts. Bad input stops with one line on stderr and exit status 2, never a traceback, so that run.sh
+can check a whole run up front (`train_gpt.py --check`) and launch nothing.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+DTYPES = ("bf16", "fp16", "fp32")
+STAGES = (0, 1, 2, 3)
+SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
+
+
+class BadInput(Exception):
+    """Input that no run can use: its message is the one line the user sees."""
+
+
+def fail(msg):
+    """Bad input: one line on stderr (from rank 0 alone, when several ranks check the same input), exit 2."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"train_gpt.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def positive(kind):
+    """An argparse type: a finite number above 0."""
+    def parse(text):
+        value = kind(text)
+        if not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def at_least(low):
+    def parse(text):
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {text}")
+        return value
+    parse.__name__ = "int"
+    return parse
+
+
+def seed(text):
+    value = int(text)
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, not {text}")
+    return value
+
+
+def parse_args(argv, presets, here):
+    p = argparse.ArgumentParser(prog="train_gpt.py", description="DeepSpeed ZeRO benchmark on a GPT-style model.")
+    p.add_argument("--stage", type=int, choices=STAGES,
+                   help="ZeRO stage; loads ds_config_stage<N>.json beside this script (default 3)")
+    p.add_argument("--config", type=Path, help="a DeepSpeed config file instead of ds_config_stage<N>.json")
+    p.add_argument("--model", choices=presets, help="model preset (default 1.3b on GPUs, tiny without)")
+    p.add_argument("--micro-batch", type=at_least(1),
+                   help="rows per rank per step (default: the config's, or its train_batch_size over the ranks, or 2)")
+    p.add_argument("--seq", type=at_least(1), help="tokens per row (default: the model's context)")
+    p.add_argument("--steps", type=at_least(1), default=3, help="training steps (default 3)")
+    p.add_argument("--lr", type=positive(float),
+                   help="AdamW's peak learning rate, after the warm-up (default: the config's, else the preset's)")
+    p.add_argument("--warmup", type=at_least(0), default=0,
+                   help="steps over which the learning rate rises linearly to --lr (default 0: none)")
+    p.add_argument("--seed", type=seed, default=0, help="seed for the weights and the data (default 0)")
+    p.add_argument("--dtype", choices=DTYPES, help="bf16, fp16 or fp32 (default: the config's precision)")
+    p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
+    p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
+                   help="activation checkpointing: recompute each block in backward (default on; --no-checkpoint)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model through DeepSpeed's engine.compile")
+    p.add_argument("--max-mem-gib", type=positive(float),
+                   help="cap each rank's memory: the GPU allocator's share, or on a CPU the data the process adds")
+    p.add_argument("--timeout-s", type=positive(float), default=120.0,
+                   help="seconds a collective may wait for a rank before the run fails (default 120)")
+    p.add_argument("--check", nargs="?", const=0, type=at_least(1), metavar="RANKS",
+                   help="check the arguments and the config for this many ranks (default: the launcher's), print "
+                        "how they are read, and exit without training")
+    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
+    p.error = fail
+    args = p.parse_args(argv)
+    args.config = args.config or here / f"ds_config_stage{3 if args.stage is None else args.stage}.json"
+    return args
+
+
+def read_config(path):
+    """The DeepSpeed config file as a dict."""
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"config not found: {path}") from None
+    except IsADirectoryError:
+        raise BadInput(f"config {path} is a directory, not a file") from None
+    except PermissionError:
+        raise BadInput(f"config {path} cannot be read: permission denied") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"config {path} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise BadInput(f"config {path} cannot be read: {e.strerror}") from None
+    if not isinstance(config, dict):
+        raise BadInput(f"config {path} is not a JSON object")
+    return config
+
+
+def field(config, path, kinds, default=None, where=""):
+    """config[a][b]... checked against kinds, or default when absent."""
+    value = config
+    for key in path.split("."):
+        if not isinstance(value, dict):
+            raise BadInput(f"config{where}: {path} needs {key!r} inside an object")
+        if key not in value:
+            return default
+        value = value[key]
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        names = " or ".join("a number" if k in (int, float) else {str: "a string", bool: "true or false",
+                                                                    dict: "an object"}[k] for k in kinds)
+        raise BadInput(f"config{where}: {path} must be {names}, not {json.dumps(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"config{where}: {path} must be finite, not {value}")
+    return value
+
+
+def whole(value, name, where):
+    """A count given as a JSON number: DeepSpeed configs often write 5e8 for 500000000."""
+    if value is None:
+        return None
+    if value != int(value) or value < 1:
+        raise BadInput(f"config{where}: {name} must be a positive whole number, not {value}")
+    return int(value)
+
+
+def config_stage(config, args, where):
+    stage = field(config, "zero_optimization.stage", (int,), 0, where)
+    if stage not in STAGES:
+        raise BadInput(f"config{where}: zero_optimization.stage must be 0, 1, 2 or 3, not {stage}")
+    if args.stage is not None and stage != args.stage:
+        raise BadInput(f"config{where} has zero_optimization.stage {stage}, but --stage is {args.stage}")
+    return stage
+
+
+def micro_batch(config, args, world, where):
+    """The rows per rank: --micro-batch, else the config's train_micro_batch_size_per_gpu, else its
+    train_batch_size over the ranks, else 2. A train_batch_size must agree with whichever is used."""
+    accumulation = whole(field(config, "gradient_accumulation_steps", (int, float), 1, where),
+                         "gradient_accumulation_steps", where)
+    if accumulation != 1:
+        raise BadInput(f"config{where}: the benchmark times one micro batch per step; set gradient_accumulation_steps "
+                       f"to 1, not {accumulation}")
+    per_rank = whole(field(config, "train_micro_batch_size_per_gpu", (int, float), None, where),
+                     "train_micro_batch_size_per_gpu", where)
+    total = whole(field(config, "train_batch_size", (int, float), None, where), "train_batch_size", where)
+    if total is not None and total % world:
+        raise BadInput(f"config{where}: train_batch_size {total} does not divide over {world} rank(s)")
+    chosen = next(((name, value) for name, value in (("--micro-batch", args.micro_batch),
+                                                     ("train_micro_batch_size_per_gpu", per_rank),
+                                                     ("train_batch_size", total and total // world)) if value),
+                  ("the default", 2))
+    if total is not None and chosen[1] * world != total:
+        raise BadInput(f"{chosen[0]} {chosen[1]} x {world} rank(s) contradicts train_batch_size {total} in config{where}")
+    return chosen
+
+
+def precision(config, args, on_gpu, bf16_ok, where):
+    """--dtype, else the config's fp16 or bf16 section, else fp32, as DeepSpeed reads it."""
+    enabled = [name for name in ("fp16", "bf16") if field(config, f"{name}.enabled", (bool,), False, where)]
+    if len(enabled) == 2:
+        raise BadInput(f"config{where} enables both fp16 and bf16")
+    dtype, source = (args.dtype, "--dtype") if args.dtype else ((enabled[0], "the config") if enabled else ("fp32", "the config"))
+    if dtype == "fp16" and not on_gpu:
+        raise BadInput(f"fp16 needs a GPU, and this machine has none: use --dtype bf16 or fp32 ({source} asks for fp16)")
+    if dtype == "bf16" and on_gpu and not bf16_ok:
+        raise BadInput(f"this GPU has no bf16: use --dtype fp16 or fp32 ({source} asks for bf16)")
+    return dtype, source
+
+
+def optimizer(config, where, known):
+    """The config's optimizer section, if any: its type must be one that DeepSpeed builds."""
+    section = field(config, "optimizer", (dict,), None, where)
+    if section is None:
+        return None
+    kind = field(section, "type", (str,), None, where + " optimizer")
+    if kind is None or not known(kind):
+        raise BadInput(f"config{where}: optimizer.type {json.dumps(kind)} is not an optimizer that DeepSpeed builds")
+    field(section, "params", (dict,), {}, where + " optimizer")
+    return section
+
+
+def resolve(args, config, preset, world, machine):
+    """Fill in what depends on the config, the machine and the number of ranks, and check every input.
+    preset: the model's (vocab, context, default lr); machine: on_gpu, bf16_ok and known_optimizer.
+    Returns the config to hand to DeepSpeed and one line that says how the inputs were read."""
+    where = f" {args.config}"
+    args.stage = config_stage(config, args, where)
+    vocab, context, default_lr = preset
+    args.seq = context if args.seq is None else args.seq
+    if args.seq > context:
+        raise BadInput(f"--seq {args.seq} is outside the {args.model} model's context of 1..{context} tokens")
+    batch_source, args.micro_batch = micro_batch(config, args, world, where)
+    args.dtype, dtype_source = precision(config, args, machine["on_gpu"], machine["bf16_ok"], where)
+    section = optimizer(config, where, machine["known_optimizer"])
+    config_lr = field(section, "params.lr", (int, float), None, where + " optimizer") if section else None
+    if config_lr is not None and config_lr <= 0:
+        raise BadInput(f"config{where}: optimizer.params.lr must be positive, not {config_lr}")
+    lr_source = "--lr" if args.lr else ("the config" if config_lr else "the preset")
+    args.lr = args.lr or config_lr or default_lr
+    scheduler = field(config, "scheduler", (dict,), None, where)
+    config = {**config, "train_micro_batch_size_per_gpu": args.micro_batch, "gradient_accumulation_steps": 1,
+              "train_batch_size": args.micro_batch * world, "steps_per_print": 10**9,
+              "bf16": {**config.get("bf16", {}), "enabled": args.dtype == "bf16"},
+              "fp16": {**config.get("fp16", {}), "enabled": args.dtype == "fp16"}}
+    if section and not scheduler:
+        # the training loop sets each step's rate; at step 0, where DeepSpeed builds the optimizer, it is 0
+        config["optimizer"] = {**section, "params": {**section.get("params", {}), "lr": 0.0}}
+    schedule = ("the config's scheduler" if scheduler else
+                f"warm-up over {args.warmup} steps" if args.warmup else "constant")
+    line = (f"stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank (from "
+            f"{batch_source}) x {world} rank(s), lr {args.lr:g} (from {lr_source}; {schedule}), optimizer "
+            f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}, config {args.config}")
+    return config, line
+
+
+def offload_devices(config):
+    """{"optimizer": device or None, "param": device or None} from a config's zero_optimization."""
+    zero = config.get("zero_optimization") or {}
+    devices = {kind: (zero.get(f"offload_{kind}") or {}).get("device") for kind in ("optimizer", "param")}
+    return {kind: None if device in (None, "none") else device for kind, device in devices.items()}

@@ -1,0 +1,245 @@
+"""
+One record per rank: built in one place (assemble) from what train_gpt.py measured, it feeds every output:
+the human lines, the RESULT JSON line, and through that line report.py's tables, verdict and summary.json.
+A new metric is one field here, set in assemble, and one row in report.py's COMPARISON.
+"""
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from accounting import explain, predict
+from formatting import error, fmt, gib, pct, size
+
+PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
+
+
+@dataclass
+class Measured:
+    """What a rank measured, part by part; a rank that fails keeps the parts it got."""
+    shards: dict = None  # accounting.measure.shard_report
+    weights_checksum: float = None
+    ready_s: float = None
+    optimizer: str = None
+    memory_at_start: dict = None  # the memory snapshot once the engine is ready
+    steps: list = field(default_factory=list)  # per step: step, loss, lr, time_s and the memory snapshot
+    census: dict = None  # accounting.measure.census on the device (GPU, or CPU without GPUs)
+    host_census: dict = None  # the same in host memory, with offload on GPUs
+    gathered_tensors: int = None
+
+
+@dataclass
+class Record:
+    # the run: what train_gpt.py was asked to do, where, and how it ended
+    stage: int
+    rank: int
+    world_size: int
+    model: str
+    config: str
+    dtype: str
+    micro_batch: int
+    seq: int
+    lr: float
+    warmup: int
+    seed: int
+    checkpoint: bool
+    compile: bool
+    max_mem_gib: float
+    timeout_s: float
+    offload: dict
+    launcher: str
+    mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
+    gpus: int = None
+    ranks_per_node: int = None
+    ranks_per_gpu: int = None
+    rehearsal: bool = None
+    env: dict = None
+    optimizer: str = None
+    ready_s: float = None
+    oom: bool = False
+    error: str = None
+    # partitioning
+    param_tensors: int = None
+    partitioned_tensors: int = None
+    persistent_tensors: int = None
+    params_total: int = None
+    local_param_elems: int = None
+    persistent_elems: int = None
+    largest_param_elems: int = None
+    shard_check_ok: bool = None
+    weights_checksum: float = None
+    gathered_tensors: int = None
+    held_fraction: dict = None
+    promised_fraction: dict = None
+    partition_check_ok: bool = None
+    # memory, measured and predicted
+    model_state_bytes: int = None
+    model_state_breakdown: dict = None
+    host_state_bytes: int = None
+    host_state_breakdown: dict = None
+    predicted_breakdown: dict = None
+    predicted_model_state_bytes: float = None
+    predicted_host_state_bytes: float = None
+    deepspeed_estimate: dict = None
+    activation_estimate_bytes: float = None
+    step_transient_bytes: float = None
+    predicted_peak_bytes: float = None
+    differences: list = None
+    peak_mem_bytes: int = 0
+    peak_reserved_bytes: int = None
+    mem_after_init_bytes: int = None
+    device_total_bytes: int = None
+    host_peak_rss_bytes: int = None
+    # training
+    steps: list = field(default_factory=list)
+    losses: list = None
+    first_loss: float = None
+    nonfinite_loss: bool = None
+    step_time_s: float = None
+    tokens_per_s: float = None
+    tflops_per_gpu: float = None
+    mfu: float = None
+
+
+PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
+
+
+def states(breakdown):
+    return sum(v for k, v in breakdown.items() if k != "other") if breakdown else 0
+
+
+def held_bytes(r):
+    """This rank's model states by kind, on the device and in host memory together."""
+    host = r.host_state_breakdown or {}
+    return {k: r.model_state_breakdown[k] + host.get(k, 0) for k in predict.KINDS}
+
+
+def add_speed(r, steps, flops_per_token, peak_tflops):
+    """Speed is the median over steps 2..N: step 1 pays for allocations, kernel selection and ZeRO-3's
+    first trace."""
+    r.losses = [s["loss"] for s in steps]
+    r.first_loss, r.nonfinite_loss = r.losses[0], not all(map(math.isfinite, r.losses))
+    r.step_time_s = statistics.median([s["time_s"] for s in steps[1:]] or [steps[0]["time_s"]])
+    r.tokens_per_s = r.world_size * r.micro_batch * r.seq / r.step_time_s
+    r.tflops_per_gpu = flops_per_token * r.tokens_per_s / r.gpus / 1e12
+    r.mfu = r.tflops_per_gpu / peak_tflops if peak_tflops else None
+
+
+def add_predictions(r, shape, loss_chunk, prefetch_elems):
+    """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
+    optimizer step's fp32 gradients and the peak, against which the measurement is judged."""
+    shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
+    r.predicted_breakdown = predict.model_states(r.stage, r.dtype, r.params_total, shard, r.persistent_elems)
+    on_host = predict.host_kinds(r.offload) if r.mem_kind == "cuda" else []  # without GPUs, one memory
+    kept = predict.WIDTH[r.dtype] * r.persistent_elems if "params" in on_host else 0  # persistent stay on the GPU
+    r.predicted_model_state_bytes = sum(v for k, v in r.predicted_breakdown.items() if k not in on_host) + kept
+    r.predicted_host_state_bytes = sum(v for k, v in r.predicted_breakdown.items() if k in on_host) - kept
+    r.deepspeed_estimate = predict.deepspeed_estimate(r.stage, r.params_total, r.largest_param_elems,
+                                                      r.ranks_per_node, r.world_size // r.ranks_per_node, r.offload)
+    flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
+    r.activation_estimate_bytes = predict.activation_bytes(shape, r.dtype, r.micro_batch, r.seq, r.checkpoint,
+                                                           flash, loss_chunk)
+    r.step_transient_bytes = predict.step_transient_bytes(shard, bool(r.offload["optimizer"]))
+    prefetch = predict.WIDTH[r.dtype] * prefetch_elems if r.stage == 3 else 0
+    r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
+                                                prefetch, r.activation_estimate_bytes, r.step_transient_bytes)
+
+
+def add_shares(r):
+    """What this rank holds of each kind of model state against what its stage promises."""
+    whole = predict.model_states(r.stage, r.dtype, r.params_total, r.params_total)
+    r.held_fraction = predict.shares(held_bytes(r), whole)
+    r.promised_fraction = predict.shares(r.predicted_breakdown, whole)
+    straddling = 2 * r.largest_param_elems / r.params_total
+    r.partition_check_ok = predict.holds_as_promised(r.held_fraction, r.promised_fraction, r.stage, straddling,
+                                                     PARTITION_TOLERANCE)
+
+
+def assemble(run, m, shape, loss_chunk, prefetch_elems, flops_per_token, peak_tflops, memory_now):
+    """The record of one rank: run holds the run's facts (Record's first fields), m what it measured;
+    memory_now the memory snapshot at the end."""
+    r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
+               gathered_tensors=m.gathered_tensors, **(m.shards or {}))
+    snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
+    for key in PEAK_KEYS:
+        seen = [s[key] for s in snapshots if s.get(key) is not None]
+        setattr(r, key, max(seen) if seen else None)
+    r.mem_after_init_bytes = (m.memory_at_start or {}).get("allocated_bytes")
+    r.device_total_bytes = memory_now.get("device_total_bytes")
+    if m.steps:
+        add_speed(r, m.steps, flops_per_token, peak_tflops)
+    if m.census:
+        r.model_state_breakdown, r.model_state_bytes = m.census, states(m.census)
+        r.host_state_breakdown, r.host_state_bytes = m.host_census, states(m.host_census)
+        add_predictions(r, shape, loss_chunk, prefetch_elems)
+        add_shares(r)
+        d = asdict(r)
+        r.differences = explain.differences(d, held_bytes(r))
+    return r
+
+
+def result_line(r):
+    return "RESULT " + json.dumps(r if isinstance(r, dict) else asdict(r))
+
+
+def step_line(s, steps, tokens_per_step, tflops, peak_tflops):
+    return (f"step {s['step']}/{steps}  loss {s['loss']:.4f}  lr {s['lr']:.2e}  time {s['time_s']:.3f}s  "
+            f"mem {gib(s['peak_mem_bytes']):.2f} GiB  tok/s {tokens_per_step / s['time_s']:,.0f}  "
+            f"mfu {pct(tflops / peak_tflops if peak_tflops else None)}")
+
+
+def kinds_text(breakdown):
+    return ", ".join(f"{kind} {size(breakdown[kind])}" for kind in predict.KINDS)
+
+
+def partition_lines(tag, r):
+    return [f"{tag} - total param tensors: {r['param_tensors']}, sharded param tensors: {r['partitioned_tensors']}, "
+            f"persistent: {r['persistent_tensors']}, local elements: {r['local_param_elems']:,} of "
+            f"{r['params_total']:,}, shard sizes: {'ok' if r['shard_check_ok'] else 'WRONG'}"]
+
+
+def memory_lines(tag, r):
+    lines = [f"{tag} model states: {size(r['model_state_bytes'])} ({kinds_text(r['model_state_breakdown'])}) vs ZeRO "
+             f"prediction {size(r['predicted_model_state_bytes'])} "
+             f"({fmt(error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); other tensors "
+             f"{size(r['model_state_breakdown']['other'])}; partitioned parameters still gathered after backward: "
+             f"{r['gathered_tensors']}"]
+    if r["host_state_breakdown"]:
+        lines.append(f"{tag} host (CPU) model states: {size(r['host_state_bytes'])} "
+                     f"({kinds_text(r['host_state_breakdown'])}) vs prediction {size(r['predicted_host_state_bytes'])}; "
+                     f"other host tensors {size(r['host_state_breakdown']['other'])}")
+    held, promised = r["held_fraction"], r["promised_fraction"]
+    lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
+        f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +
+        f": {'as' if r['partition_check_ok'] else 'NOT as'} stage {r['stage']} promises")
+    estimate = r["deepspeed_estimate"]
+    if estimate:
+        lines.append(f"{tag} DeepSpeed's estimator: {size(estimate['device'])} per device, "
+                     f"{size(estimate['host_per_node'])} per node")
+    peak = f"; the peak at {size(r['predicted_peak_bytes'])}" if r["mem_kind"] == "cuda" else ""
+    lines.append(f"{tag} estimated: activations {size(r['activation_estimate_bytes'])}, the optimizer step's fp32 "
+                 f"gradients {size(r['step_transient_bytes'])}{peak}")
+    return lines + [f"{tag} difference: {d}" for d in r["differences"]]
+
+
+def human_lines(r):
+    """What one rank holds, in words; a rank that failed early has fewer figures."""
+    tag = f"[Stage {r['stage']}] Rank {r['rank']}"
+    lines = partition_lines(tag, r) if r.get("param_tensors") is not None else []
+    lines += memory_lines(tag, r) if r.get("model_state_bytes") is not None else []
+    if r["rank"] == 0 and r.get("losses"):
+        lines.append(f"[Stage {r['stage']}] first-step loss: {r['first_loss']:.4f}; losses: "
+                     + ", ".join(f"{x:.4f}" for x in r["losses"]))
+    if r["mem_kind"] == "cuda":
+        extra = (f"peak allocated; reserved {gib(r.get('peak_reserved_bytes') or 0):.2f}, after init "
+                 f"{gib(r.get('mem_after_init_bytes') or 0):.2f}, device {gib(r.get('device_total_bytes') or 0):.1f} GiB")
+    else:
+        extra = "peak RSS of the process"
+    lines.append(f"{tag} peak memory: {gib(r['peak_mem_bytes']):.2f} GiB ({extra})")
+    if r["oom"]:
+        lines.append(f"{tag} OUT OF MEMORY: {r['error']}")
+    elif r["error"]:
+        lines.append(f"{tag} FAILED: {r['error']}")
+    if r.get("nonfinite_loss"):
+        lines.append(f"{tag} WARNING: the loss is not finite: {r['losses']}")
+    return lines
