@@ -117,8 +117,8 @@ def field(config, path, kinds, default=None, where=""):
             return default
         value = value[key]
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        names = " or ".join("a number" if k in (int, float) else {str: "a string", bool: "true or false",
-                                                                    dict: "an object"}[k] for k in kinds)
+        names = " or ".join(dict.fromkeys("a number" if k in (int, float) else {str: "a string", bool: "true or false",
+                                                                                  dict: "an object"}[k] for k in kinds))
         raise BadInput(f"config{where}: {path} must be {names}, not {json.dumps(value)}")
     if isinstance(value, float) and not math.isfinite(value):
         raise BadInput(f"config{where}: {path} must be finite, not {value}")
@@ -183,10 +183,10 @@ def optimizer(config, where, known):
     section = field(config, "optimizer", (dict,), None, where)
     if section is None:
         return None
-    kind = field(section, "type", (str,), None, where + " optimizer")
+    kind = field({"optimizer": section}, "optimizer.type", (str,), None, where)
     if kind is None or not known(kind):
         raise BadInput(f"config{where}: optimizer.type {json.dumps(kind)} is not an optimizer that DeepSpeed builds")
-    field(section, "params", (dict,), {}, where + " optimizer")
+    field(config, "optimizer.params", (dict,), {}, where)
     return section
 
 
@@ -203,7 +203,7 @@ def resolve(args, config, preset, world, machine):
     batch_source, args.micro_batch = micro_batch(config, args, world, where)
     args.dtype, dtype_source = precision(config, args, machine["on_gpu"], machine["bf16_ok"], where)
     section = optimizer(config, where, machine["known_optimizer"])
-    config_lr = field(section, "params.lr", (int, float), None, where + " optimizer") if section else None
+    config_lr = field(config, "optimizer.params.lr", (int, float), None, where)
     if config_lr is not None and config_lr <= 0:
         raise BadInput(f"config{where}: optimizer.params.lr must be positive, not {config_lr}")
     lr_source = "--lr" if args.lr else ("the config" if config_lr else "the preset")

@@ -20,7 +20,8 @@ while [ $# -gt 0 ]; do
     --ranks=*) ranks=${1#*=}; shift ;;
     --stages) stages=$2; shift 2 ;;
     --stages=*) stages=${1#*=}; shift ;;
-    --stage | --stage=* | --config* | --check*) bad "$1 is run.sh's to set; use --stages \"0 3\"" ;;
+    --stage | --stage=* | --config*) bad "$1 is run.sh's to set; use --stages \"0 3\"" ;;
+    --check*) bad "run.sh checks every input before it launches; $1 is not needed" ;;
     *) args+=("$1"); shift ;;
   esac
 done

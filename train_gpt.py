@@ -242,7 +242,7 @@ def resolve(args):
 def init_distributed(timeout_s):
     """Join the process group. With more ranks on a host than GPUs, the ranks share the GPUs over gloo: a
     rehearsal, in which each rank's memory is real but speed is not. Returns the device and how the ranks
-    sit on the GPUs; a gloo group beside NCCL lets a timed-out rank find which peer stopped answering."""
+    sit on the GPUs, and a gloo group of its own in which a timed-out rank asks which peer stopped answering."""
     local_rank, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     local_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world)
     if torch.cuda.is_available():
@@ -257,7 +257,7 @@ def init_distributed(timeout_s):
         device, ranks_per_gpu, gpus, backend = torch.device("cpu"), 1, world, "gloo"
         torch.set_num_threads(max(1, os.cpu_count() // local_size))
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
-    watch = None if backend == "gloo" else torch.distributed.new_group(backend="gloo")
+    watch = torch.distributed.new_group(backend="gloo")  # a timed-out group has closed its links to the silent rank
     return device, {"ranks_per_node": local_size, "ranks_per_gpu": ranks_per_gpu, "gpus": gpus,
                     "rehearsal": ranks_per_gpu > 1}, watch
 
