@@ -1,4 +1,10 @@
-"""Figures as text, shared by train_gpt.py's lines and report.py's tables, and the exit statuses."""
+"""Figures as text, shared by train_gpt.py's lines and report.py's tables, the exit statuses, and the
+progress lines of a run."""
+import contextlib
+import threading
+import time
+
+START = time.perf_counter()
 
 # One meaning each, in train_gpt.py, report.py and run.sh alike (README, "Exit status").
 EXIT = {"done": 0, "PASS": 0, "failed": 1, "FAIL": 1, "bad input": 2, "out of memory": 3, "loss not finite": 4,
@@ -60,3 +66,27 @@ def rank_table(records):
                      fmt(other_bytes([r]), "bytes"), fmt(r["peak_mem_bytes"] or None, "bytes"),
                      "OOM" if r["oom"] else "error" if r["error"] else "ok"))
     return format_table(rows)
+
+
+def log(rank, msg):
+    if rank == 0:
+        print(f"[{time.perf_counter() - START:6.1f}s] {msg}", flush=True)
+
+
+@contextlib.contextmanager
+def phase(rank, name):
+    """Log a phase's start and end, and a line every 30 s while it runs: a first JIT build of DeepSpeed's
+    ops can take minutes, and a long start should never sit silent."""
+    start, done = time.perf_counter(), threading.Event()
+
+    def heartbeat():
+        while not done.wait(30):
+            log(rank, f"{name}: still running after {time.perf_counter() - start:.0f} s")
+
+    log(rank, f"{name} ...")
+    threading.Thread(target=heartbeat, daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+    log(rank, f"{name}: done in {time.perf_counter() - start:.1f} s")

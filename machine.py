@@ -9,6 +9,7 @@ import re
 import resource
 import socket
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 
 import deepspeed
@@ -94,15 +95,37 @@ def release_shared_memory(rank):
     Path("/dev/shm", name).unlink(missing_ok=True)
 
 
-def cap_host_memory(gib, start_threads):
-    """--max-mem-gib on a CPU: caps the process's data segment (RLIMIT_DATA) at what it holds now plus the
-    cap, so that the Python runtime and DeepSpeed do not count."""
-    start_threads()  # torch's thread pool: its threads' stacks count as data too
+def cap_memory(device, gib):
+    """--max-mem-gib makes an out-of-memory reproducible on any machine. On a GPU it caps PyTorch's caching
+    allocator (its per-process memory fraction). On a CPU it caps the process's data segment (RLIMIT_DATA)
+    at what it holds now plus the cap, so that the Python runtime and DeepSpeed do not count."""
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
+        return
+    torch.ones(1 << 22).sum()  # start torch's thread pool now: its threads' stacks count as data too
     # glibc keeps freed blocks below a moving threshold in its heap; a fixed threshold hands every block
     # over 64 KiB back when freed, so the data segment follows the live tensors
     ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, 64 * 1024)
     data_kib = int(re.search(r"VmData:\s+(\d+) kB", Path("/proc/self/status").read_text()).group(1))
     resource.setrlimit(resource.RLIMIT_DATA, (data_kib * 1024 + int(gib * 2**30), resource.RLIM_INFINITY))
+
+
+def out_of_memory(e):
+    """A GPU's out-of-memory (from PyTorch's allocator, or a CUDA call such as a pinned host buffer's), or a
+    CPU allocation refused (as under --max-mem-gib)."""
+    text = str(e)
+    return (isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower()
+            or "DefaultCPUAllocator: can't allocate memory" in text)
+
+
+def silent_ranks(watch):
+    """Which ranks no longer answer, asked in the gloo group `watch` of every rank that is still alive."""
+    try:
+        torch.distributed.monitored_barrier(group=watch, timeout=timedelta(seconds=10), wait_all_ranks=True)
+    except RuntimeError as e:
+        return " ".join(str(e).split())[:300]
+    return "every rank still answers"
 
 
 # Dense bf16 peak TFLOP/s by device name, for MFU; the first key found as a whole word wins, so the
@@ -120,10 +143,6 @@ def peak_tflops(device, dtype):
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_TFLOPS.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
-
-
-def peak_rss_bytes():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def environment(device):

@@ -9,12 +9,10 @@ Rank 0 prints each rank's lines and one `RESULT {json}` line per rank, which rep
 Exit status (the same meanings in run.sh and report.py): 0 done, 1 failed, 2 bad input, 3 out of memory,
 4 the loss is not finite.
 """
-import contextlib
 import math
 import os
 import sys
 import sysconfig
-import threading
 import time
 import traceback
 import warnings
@@ -35,9 +33,8 @@ import machine
 import options
 import record
 from accounting import measure, predict
-from formatting import EXIT, rank_table
+from formatting import EXIT, START, log, phase, rank_table
 
-START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
 # DeepSpeed calls torch.distributed functions that torch has deprecated; the warnings say nothing to a user
 warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
@@ -312,45 +309,6 @@ def build_engine(model, args, config):
     return engine
 
 
-def optimizer_name(engine):
-    opt = engine.basic_optimizer
-    return f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}{' (fused)' if opt.defaults.get('fused') else ''}"
-
-
-def memory_snapshot(device):
-    """Peak memory since the last reset: allocated and reserved on a GPU, and the process's peak resident set
-    size, which is the host memory that offload costs (on a CPU, the only memory)."""
-    if device.type != "cuda":
-        return {"peak_mem_bytes": machine.peak_rss_bytes()}
-    return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device), "allocated_bytes": torch.cuda.memory_allocated(device),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "host_peak_rss_bytes": machine.peak_rss_bytes(),
-            "device_total_bytes": torch.cuda.get_device_properties(device).total_memory}
-
-
-def log(rank, msg):
-    if rank == 0:
-        print(f"[{time.perf_counter() - START:6.1f}s] {msg}", flush=True)
-
-
-@contextlib.contextmanager
-def phase(rank, name):
-    """Log a phase's start and end, and a line every 30 s while it runs: a first JIT build of DeepSpeed's
-    ops can take minutes, and a long start should never sit silent."""
-    start, done = time.perf_counter(), threading.Event()
-
-    def heartbeat():
-        while not done.wait(30):
-            log(rank, f"{name}: still running after {time.perf_counter() - start:.0f} s")
-
-    log(rank, f"{name} ...")
-    threading.Thread(target=heartbeat, daemon=True).start()
-    try:
-        yield
-    finally:
-        done.set()
-    log(rank, f"{name}: done in {time.perf_counter() - start:.1f} s")
-
-
 # -----------------------------------------------------------------------------
 # training
 
@@ -371,7 +329,7 @@ def train(engine, args, device, rank, world, m, flops_per_token, peak_tflops):
         sync()
         elapsed = time.perf_counter() - t0
         last = step == args.steps
-        counted = count_model_states(engine, device, args) if last else None
+        counted = measure.model_states_now(engine, device, args.offload) if last else None
         if engine.lr_scheduler is None:  # a config's own scheduler sets the rate instead
             for group in engine.optimizer.param_groups:
                 group["lr"] = learning_rate(step, args)
@@ -383,19 +341,13 @@ def train(engine, args, device, rank, world, m, flops_per_token, peak_tflops):
         elapsed += time.perf_counter() - t0
         if last:
             m.census, m.host_census = (measure.combined(a, b) if a else None
-                                       for a, b in zip(counted, count_model_states(engine, device, args)))
+                                       for a, b in zip(counted, measure.model_states_now(engine, device, args.offload)))
             m.gathered_tensors = measure.gathered_tensors(engine.module)
         s = {"step": step, "loss": loss.item() / world, "lr": engine.get_lr()[0], "time_s": elapsed,
-             **memory_snapshot(device)}
+             **measure.memory_snapshot(device)}
         m.steps.append(s)
         log(rank, record.step_line(s, args.steps, tokens_per_step,
                                    flops_per_token * tokens_per_step / elapsed / world / 1e12, peak_tflops))
-
-
-def count_model_states(engine, device, args):
-    """The census on the device, and in host memory too where a GPU rank offloads."""
-    offloaded = device.type == "cuda" and predict.host_kinds(args.offload)
-    return measure.census(engine, device.type), measure.census(engine, "cpu") if offloaded else None
 
 
 # -----------------------------------------------------------------------------
@@ -412,17 +364,14 @@ def run(args, config, facts, m):
         log(rank, f"REHEARSAL: {facts['world_size']} ranks share {placement['gpus']} GPU(s) over gloo: each rank's "
                   "memory is real, its speed is not")
     if args.max_mem_gib:
-        if device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, args.max_mem_gib * 2**30 / total), device)
-        else:
-            machine.cap_host_memory(args.max_mem_gib, lambda: torch.ones(1 << 22).sum())
+        machine.cap_memory(device, args.max_mem_gib)
         log(rank, f"memory capped at {args.max_mem_gib} GiB per rank{'' if device.type == 'cuda' else ' of data added from now on'}")
     with phase(rank, "building the model"):
         model = build_model(args, config, device)
     with phase(rank, "starting the DeepSpeed engine"):
         engine = build_engine(model, args, config)
-    m.optimizer, m.ready_s, m.memory_at_start = optimizer_name(engine), time.perf_counter() - START, memory_snapshot(device)
+    m.optimizer, m.ready_s = measure.optimizer_name(engine), time.perf_counter() - START
+    m.memory_at_start = measure.memory_snapshot(device)
     log(rank, f"ready to train; optimizer {m.optimizer}")
     m.shards = measure.shard_report(engine.module, facts["world_size"])
     m.weights_checksum = measure.weights_checksum(engine.module, rank, device)
@@ -433,26 +382,9 @@ def run(args, config, facts, m):
         train(engine, args, device, rank, facts["world_size"], m, flops, peak)
     except RuntimeError as e:
         if any(word in str(e).lower() for word in ("timed out", "timeout")):
-            raise RuntimeError(f"a collective waited {args.timeout_s:g} s: {silent_ranks(watch)}") from e
+            raise RuntimeError(f"a collective waited {args.timeout_s:g} s: {machine.silent_ranks(watch)}") from e
         raise
     return device, flops, peak
-
-
-def silent_ranks(watch):
-    """Which ranks no longer answer, asked of every rank that is still alive."""
-    try:
-        torch.distributed.monitored_barrier(group=watch, timeout=timedelta(seconds=10), wait_all_ranks=True)
-    except RuntimeError as e:
-        return " ".join(str(e).split())[:300]
-    return "every rank still answers"
-
-
-def out_of_memory(e):
-    """A GPU's out-of-memory (from PyTorch's allocator, or a CUDA call such as a pinned host buffer's), or a
-    CPU allocation refused (as under --max-mem-gib)."""
-    text = str(e)
-    return (isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower()
-            or "DefaultCPUAllocator: can't allocate memory" in text)
 
 
 def emit(records):
@@ -485,7 +417,7 @@ def main(argv=None):
     try:
         device, flops, peak = run(args, config, facts, m)
     except Exception as e:  # noqa: BLE001 -- any failure is reported as a result, with its traceback in the log
-        oom = out_of_memory(e)
+        oom = machine.out_of_memory(e)
         if not oom:
             traceback.print_exc()
         failure = {"oom": oom, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
@@ -494,7 +426,7 @@ def main(argv=None):
         device = torch.device("cuda", torch.cuda.current_device())
     r = record.assemble({**facts, **failure}, m, PRESETS[args.model], LOSS_CHUNK,
                         config.get("zero_optimization", {}).get("stage3_prefetch_bucket_size", 5e7), flops, peak,
-                        memory_snapshot(device))
+                        measure.memory_snapshot(device))
     if status:  # a rank that failed reports alone: its peers may be blocked in a collective
         emit([asdict(r)])
     else:

@@ -4,6 +4,7 @@ attributes, and a census of the live tensors sorted into the kinds of model stat
 """
 import gc
 import math
+import resource
 import warnings
 
 import torch
@@ -122,3 +123,25 @@ def combined(after_backward, after_step):
 def gathered_tensors(model):
     """Partitioned, not persistent, and yet whole on this rank right now."""
     return sum(1 for p in model.parameters() if is_zero_param(p) and not p.ds_persist and p.numel() > 0)
+
+
+def model_states_now(engine, device, offload):
+    """The census on the device, and in host memory too where a GPU rank offloads (else None)."""
+    offloaded = device.type == "cuda" and (offload["optimizer"] or offload["param"])
+    return census(engine, device.type), census(engine, "cpu") if offloaded else None
+
+
+def memory_snapshot(device):
+    """Peak memory since the last reset: allocated and reserved on a GPU, and the process's peak resident set
+    size, which is the host memory that offload costs (on a CPU, the only memory)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if device.type != "cuda":
+        return {"peak_mem_bytes": rss}
+    return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device), "allocated_bytes": torch.cuda.memory_allocated(device),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "host_peak_rss_bytes": rss,
+            "device_total_bytes": torch.cuda.get_device_properties(device).total_memory}
+
+
+def optimizer_name(engine):
+    opt = engine.basic_optimizer
+    return f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}{' (fused)' if opt.defaults.get('fused') else ''}"

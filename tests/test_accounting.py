@@ -4,6 +4,7 @@ from dataclasses import asdict
 import pytest
 import torch
 
+import machine
 import options
 import record
 import train_gpt as t
@@ -218,10 +219,10 @@ def test_an_estimate_within_10_percent_needs_no_explanation():
 
 
 def test_out_of_memory_covers_gpu_and_capped_cpu_allocations():
-    assert t.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
-    assert t.out_of_memory(RuntimeError("CUDA error: out of memory"))
-    assert t.out_of_memory(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to ..."))
-    assert not t.out_of_memory(RuntimeError("Connection closed by peer"))
+    assert machine.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert machine.out_of_memory(RuntimeError("CUDA error: out of memory"))
+    assert machine.out_of_memory(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to ..."))
+    assert not machine.out_of_memory(RuntimeError("Connection closed by peer"))
 
 
 def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
