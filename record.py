@@ -73,9 +73,7 @@ class Record:
     promised_fraction: dict = None
     partition_check_ok: bool = None
     # memory, measured and predicted
-    model_state_bytes: int = None
     model_state_breakdown: dict = None
-    host_state_bytes: int = None
     host_state_breakdown: dict = None
     predicted_breakdown: dict = None
     predicted_model_state_bytes: float = None
@@ -91,38 +89,69 @@ class Record:
     device_total_bytes: int = None
     host_peak_rss_bytes: int = None
     # training
-    steps: list = field(default_factory=list)
-    losses: list = None
-    first_loss: float = None
-    nonfinite_loss: bool = None
-    step_time_s: float = None
-    tokens_per_s: float = None
-    tflops_per_gpu: float = None
-    mfu: float = None
+    steps: list = field(default_factory=list)  # per step: step, loss, lr, time_s and the memory snapshot
+    flops_per_token: float = None
+    peak_tflops: float = None  # the device's dense 16-bit peak, where known
+
+    # Figures derived from the fields above. A new one is a property here, which every RESULT line then
+    # carries, and a row in report.py's COMPARISON.
+    @property
+    def model_state_bytes(self) -> int:
+        return states(self.model_state_breakdown) if self.model_state_breakdown else None
+
+    @property
+    def host_state_bytes(self) -> int:
+        return states(self.host_state_breakdown)
+
+    @property
+    def losses(self) -> list:
+        return [s["loss"] for s in self.steps] or None
+
+    @property
+    def first_loss(self) -> float:
+        return self.steps[0]["loss"] if self.steps else None
+
+    @property
+    def nonfinite_loss(self) -> bool:
+        return not all(math.isfinite(s["loss"]) for s in self.steps)
+
+    @property
+    def step_time_s(self) -> float:
+        """The median over steps 2..N: step 1 pays for allocations, kernel selection and ZeRO-3's first trace."""
+        return statistics.median([s["time_s"] for s in self.steps[1:]] or [self.steps[0]["time_s"]]) if self.steps else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.world_size * self.micro_batch * self.seq / self.step_time_s if self.steps else None
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.flops_per_token * self.tokens_per_s / self.gpus / 1e12 if self.steps else None
+
+    @property
+    def mfu(self) -> float:
+        return self.tflops_per_gpu / self.peak_tflops if self.steps and self.peak_tflops else None
 
 
-PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
+FIGURES = [name for name, value in vars(Record).items() if isinstance(value, property)]
+
+
+def as_dict(r):
+    """The record as RESULT carries it: its fields and its figures."""
+    return {**asdict(r), **{name: getattr(r, name) for name in FIGURES}}
 
 
 def states(breakdown):
     return sum(v for k, v in breakdown.items() if k != "other") if breakdown else 0
 
 
+PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
+
+
 def held_bytes(r):
     """This rank's model states by kind, on the device and in host memory together."""
     host = r.host_state_breakdown or {}
     return {k: r.model_state_breakdown[k] + host.get(k, 0) for k in predict.KINDS}
-
-
-def add_speed(r, steps, flops_per_token, peak_tflops):
-    """Speed is the median over steps 2..N: step 1 pays for allocations, kernel selection and ZeRO-3's
-    first trace."""
-    r.losses = [s["loss"] for s in steps]
-    r.first_loss, r.nonfinite_loss = r.losses[0], not all(map(math.isfinite, r.losses))
-    r.step_time_s = statistics.median([s["time_s"] for s in steps[1:]] or [steps[0]["time_s"]])
-    r.tokens_per_s = r.world_size * r.micro_batch * r.seq / r.step_time_s
-    r.tflops_per_gpu = flops_per_token * r.tokens_per_s / r.gpus / 1e12
-    r.mfu = r.tflops_per_gpu / peak_tflops if peak_tflops else None
 
 
 def add_predictions(r, shape, loss_chunk, prefetch_elems):
@@ -159,27 +188,24 @@ def assemble(run, m, shape, loss_chunk, prefetch_elems, flops_per_token, peak_tf
     """The record of one rank: run holds the run's facts (Record's first fields), m what it measured;
     memory_now the memory snapshot at the end."""
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
-               gathered_tensors=m.gathered_tensors, **(m.shards or {}))
+               gathered_tensors=m.gathered_tensors, flops_per_token=flops_per_token, peak_tflops=peak_tflops,
+               **(m.shards or {}))
     snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
     for key in PEAK_KEYS:
         seen = [s[key] for s in snapshots if s.get(key) is not None]
         setattr(r, key, max(seen) if seen else None)
     r.mem_after_init_bytes = (m.memory_at_start or {}).get("allocated_bytes")
     r.device_total_bytes = memory_now.get("device_total_bytes")
-    if m.steps:
-        add_speed(r, m.steps, flops_per_token, peak_tflops)
     if m.census:
-        r.model_state_breakdown, r.model_state_bytes = m.census, states(m.census)
-        r.host_state_breakdown, r.host_state_bytes = m.host_census, states(m.host_census)
+        r.model_state_breakdown, r.host_state_breakdown = m.census, m.host_census
         add_predictions(r, shape, loss_chunk, prefetch_elems)
         add_shares(r)
-        d = asdict(r)
-        r.differences = explain.differences(d, held_bytes(r))
+        r.differences = explain.differences(as_dict(r), held_bytes(r))
     return r
 
 
 def result_line(r):
-    return "RESULT " + json.dumps(r if isinstance(r, dict) else asdict(r))
+    return "RESULT " + json.dumps(r)
 
 
 def step_line(s, steps, tokens_per_step, tflops, peak_tflops):

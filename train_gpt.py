@@ -16,7 +16,7 @@ import sysconfig
 import time
 import traceback
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -428,10 +428,10 @@ def main(argv=None):
                         config.get("zero_optimization", {}).get("stage3_prefetch_bucket_size", 5e7), flops, peak,
                         measure.memory_snapshot(device))
     if status:  # a rank that failed reports alone: its peers may be blocked in a collective
-        emit([asdict(r)])
+        emit([record.as_dict(r)])
     else:
         everyone = [None] * world
-        dist.all_gather_object(everyone, asdict(r))
+        dist.all_gather_object(everyone, record.as_dict(r))
         if rank == 0:
             emit(everyone)
             print(rank_table(everyone), flush=True)
