@@ -35,7 +35,7 @@ def fmt(value, spec):
     return size(value) if spec == "bytes" else format(value, spec)
 
 
-def error(measured, predicted):
+def relative_error(measured, predicted):
     """Measured against predicted, as a fraction; None where either is missing or zero."""
     return measured / predicted - 1 if measured and predicted else None
 
@@ -60,9 +60,9 @@ def rank_table(records):
              "peak", "status")]
     for r in records:
         measured, predicted = r.get("model_state_bytes"), r.get("predicted_model_state_bytes")
-        rows.append((r["rank"], f"{r.get('partitioned_tensors', '-')}/{r.get('param_tensors', '-')}",
+        rows.append((r["rank"], f"{fmt(r.get('partitioned_tensors'), 'd')}/{fmt(r.get('param_tensors'), 'd')}",
                      fmt(r.get("local_param_elems"), ","), fmt(measured or None, "bytes"),
-                     fmt(predicted or None, "bytes"), fmt(error(measured, predicted), "+.1%"),
+                     fmt(predicted or None, "bytes"), fmt(relative_error(measured, predicted), "+.1%"),
                      fmt(other_bytes([r]), "bytes"), fmt(r["peak_mem_bytes"] or None, "bytes"),
                      "OOM" if r["oom"] else "error" if r["error"] else "ok"))
     return format_table(rows)

@@ -37,11 +37,12 @@ def first_host(nodelist):
 def slurm_env(env):
     """torch.distributed's variables from srun's: one task per GPU, the first node as the master."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    tasks_here = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "").split("(")[0]
+    # "8(x2),4": 8 tasks on each of the first two nodes; the ranks per node are the first node's
+    local_size = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "").split("(")[0]
     if not nodelist or "SLURM_NTASKS" not in env:
         raise BadInput("srun set SLURM_PROCID but not SLURM_NTASKS and the node list: run one task per GPU with srun")
     return {"RANK": env["SLURM_PROCID"], "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "WORLD_SIZE": env["SLURM_NTASKS"],
-            "LOCAL_WORLD_SIZE": tasks_here.split(",")[0] or env["SLURM_NTASKS"],
+            "LOCAL_WORLD_SIZE": local_size.split(",")[0] or env["SLURM_NTASKS"],
             "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodelist),
             # every task must agree on the port without talking first: derive it from the job
             "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)}

@@ -10,7 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-DTYPES = ("bf16", "fp16", "fp32")
+from formatting import EXIT
+
+PRECISIONS = ("bf16", "fp16", "fp32")
 STAGES = (0, 1, 2, 3)
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
 
@@ -23,7 +25,7 @@ def fail(msg):
     """Bad input: one line on stderr (from rank 0 alone, when several ranks check the same input), exit 2."""
     if os.environ.get("RANK", "0") == "0":
         print(f"train_gpt.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(EXIT["bad input"])
 
 
 def positive(kind):
@@ -69,7 +71,7 @@ def parse_args(argv, presets, here):
     p.add_argument("--warmup", type=at_least(0), default=0,
                    help="steps over which the learning rate rises linearly to --lr (default 0: none)")
     p.add_argument("--seed", type=seed, default=0, help="seed for the weights and the data (default 0)")
-    p.add_argument("--dtype", choices=DTYPES, help="bf16, fp16 or fp32 (default: the config's precision)")
+    p.add_argument("--dtype", choices=PRECISIONS, help="bf16, fp16 or fp32 (default: the config's precision)")
     p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="activation checkpointing: recompute each block in backward (default on; --no-checkpoint)")
@@ -190,19 +192,19 @@ def optimizer(config, where, known):
     return section
 
 
-def resolve(args, config, preset, world, machine):
+def resolve(args, config, preset, world, host):
     """Fill in what depends on the config, the machine and the number of ranks, and check every input.
-    preset: the model's (vocab, context, default lr); machine: on_gpu, bf16_ok and known_optimizer.
+    preset: the model's (context, default lr); host: on_gpu, bf16_ok and known_optimizer.
     Returns the config to hand to DeepSpeed and one line that says how the inputs were read."""
     where = f" {args.config}"
     args.stage = config_stage(config, args, where)
-    vocab, context, default_lr = preset
+    context, default_lr = preset
     args.seq = context if args.seq is None else args.seq
     if args.seq > context:
         raise BadInput(f"--seq {args.seq} is outside the {args.model} model's context of 1..{context} tokens")
     batch_source, args.micro_batch = micro_batch(config, args, world, where)
-    args.dtype, dtype_source = precision(config, args, machine["on_gpu"], machine["bf16_ok"], where)
-    section = optimizer(config, where, machine["known_optimizer"])
+    args.dtype, dtype_source = precision(config, args, host["on_gpu"], host["bf16_ok"], where)
+    section = optimizer(config, where, host["known_optimizer"])
     config_lr = field(config, "optimizer.params.lr", (int, float), None, where)
     if config_lr is not None and config_lr <= 0:
         raise BadInput(f"config{where}: optimizer.params.lr must be positive, not {config_lr}")
@@ -216,10 +218,10 @@ def resolve(args, config, preset, world, machine):
     if section and not scheduler:
         # the training loop sets each step's rate; at step 0, where DeepSpeed builds the optimizer, it is 0
         config["optimizer"] = {**section, "params": {**section.get("params", {}), "lr": 0.0}}
-    schedule = ("the config's scheduler" if scheduler else
-                f"warm-up over {args.warmup} steps" if args.warmup else "constant")
+    rate = ("set by the config's scheduler" if scheduler else f"{args.lr:g} (from {lr_source}; "
+            + (f"warm-up over {args.warmup} steps)" if args.warmup else "constant)"))
     line = (f"stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank (from "
-            f"{batch_source}) x {world} rank(s), lr {args.lr:g} (from {lr_source}; {schedule}), optimizer "
+            f"{batch_source}) x {world} rank(s), lr {rate}, optimizer "
             f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}, config {args.config}")
     return config, line
 

@@ -1,7 +1,7 @@
 """
 One record per rank: built in one place (assemble) from what train_gpt.py measured, it feeds every output:
 the human lines, the RESULT JSON line, and through that line report.py's tables, verdict and summary.json.
-A new metric is one field here, set in assemble, and one row in report.py's COMPARISON.
+A new figure is one property of Record and one row in report.py's COMPARISON.
 """
 import json
 import math
@@ -9,7 +9,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from accounting import explain, predict
-from formatting import error, fmt, gib, pct, size
+from formatting import fmt, gib, pct, relative_error, size
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 
@@ -26,6 +26,8 @@ class Measured:
     census: dict = None  # accounting.measure.census on the device (GPU, or CPU without GPUs)
     host_census: dict = None  # the same in host memory, with offload on GPUs
     gathered_tensors: int = None
+    flops_per_token: float = None
+    peak_tflops: float = None  # the device's dense 16-bit peak, where known
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Record:
 
     @property
     def host_state_bytes(self) -> int:
-        return states(self.host_state_breakdown)
+        return states(self.host_state_breakdown) if self.host_state_breakdown else None
 
     @property
     def losses(self) -> list:
@@ -126,11 +128,11 @@ class Record:
 
     @property
     def tflops_per_gpu(self) -> float:
-        return self.flops_per_token * self.tokens_per_s / self.gpus / 1e12 if self.steps else None
+        return self.flops_per_token * self.tokens_per_s / self.gpus / 1e12 if self.steps and self.flops_per_token else None
 
     @property
     def mfu(self) -> float:
-        return self.tflops_per_gpu / self.peak_tflops if self.steps and self.peak_tflops else None
+        return self.tflops_per_gpu / self.peak_tflops if self.tflops_per_gpu and self.peak_tflops else None
 
 
 FIGURES = [name for name, value in vars(Record).items() if isinstance(value, property)]
@@ -168,7 +170,7 @@ def add_predictions(r, shape, loss_chunk, prefetch_elems):
     flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
     r.activation_estimate_bytes = predict.activation_bytes(shape, r.dtype, r.micro_batch, r.seq, r.checkpoint,
                                                            flash, loss_chunk)
-    r.step_transient_bytes = predict.step_transient_bytes(shard, bool(r.offload["optimizer"]))
+    r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]))
     prefetch = predict.WIDTH[r.dtype] * prefetch_elems if r.stage == 3 else 0
     r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
                                                 prefetch, r.activation_estimate_bytes, r.step_transient_bytes)
@@ -184,11 +186,11 @@ def add_shares(r):
                                                      PARTITION_TOLERANCE)
 
 
-def assemble(run, m, shape, loss_chunk, prefetch_elems, flops_per_token, peak_tflops, memory_now):
+def assemble(run, m, shape, loss_chunk, prefetch_elems, memory_now):
     """The record of one rank: run holds the run's facts (Record's first fields), m what it measured;
     memory_now the memory snapshot at the end."""
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
-               gathered_tensors=m.gathered_tensors, flops_per_token=flops_per_token, peak_tflops=peak_tflops,
+               gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
                **(m.shards or {}))
     snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
     for key in PEAK_KEYS:
@@ -227,7 +229,7 @@ def partition_lines(tag, r):
 def memory_lines(tag, r):
     lines = [f"{tag} model states: {size(r['model_state_bytes'])} ({kinds_text(r['model_state_breakdown'])}) vs ZeRO "
              f"prediction {size(r['predicted_model_state_bytes'])} "
-             f"({fmt(error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); other tensors "
+             f"({fmt(relative_error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); other tensors "
              f"{size(r['model_state_breakdown']['other'])}; partitioned parameters still gathered after backward: "
              f"{r['gathered_tensors']}"]
     if r["host_state_breakdown"]:

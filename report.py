@@ -16,7 +16,7 @@ import re
 import sys
 from pathlib import Path
 
-from formatting import EXIT, error, fmt, format_table, gib, other_bytes, rank_table, signed_pct, size
+from formatting import EXIT, fmt, format_table, relative_error, gib, other_bytes, rank_table, signed_pct, size
 
 # Stage 3's model states per rank, as a fraction of stage 0's, may exceed the predicted fraction (1/G,
 # plus the persistent parameters) by this factor before (b) fails.
@@ -122,13 +122,13 @@ COMPARISON = [
     ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True, False),
     ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True, False),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True, False),
-    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")), "+.1%",
+    ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")), "+.1%",
      False, False),
     ("  DeepSpeed estimator", estimator, "bytes", True, False),
-    ("  error", lambda rs: error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False, False),
+    ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False, False),
     ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False, True),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False, True),
-    ("  error", lambda rs: error(worst(rs, "host_state_bytes"), worst(rs, "predicted_host_state_bytes")), "+.1%",
+    ("  error", lambda rs: relative_error(worst(rs, "host_state_bytes"), worst(rs, "predicted_host_state_bytes")), "+.1%",
      False, True),
     ("other tensors", other_bytes, "bytes", False, False),
     ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True, False),
@@ -172,12 +172,12 @@ def check_partitioning(dense, zero3):
               f"(shards checked: {'ok' if all(r['shard_check_ok'] for r in counted) else 'WRONG SIZES'}), "
               f"stage 0 {counted0[0] if counted0 else 'failed before counting'}")
     same_weights = True
-    if dense[0].get("weights_checksum") is not None:
+    if dense[0].get("weights_checksum") is not None and counted[0].get("weights_checksum") is not None:
         a, b = dense[0]["weights_checksum"], counted[0]["weights_checksum"]
         same_weights = math.isclose(a, b, rel_tol=1e-9)
         detail += f"; the shards hold {'exactly' if same_weights else 'NOT'} stage 0's initial weights (checksum)"
     else:
-        detail += "; stage 0 failed before its checksum, so the weights were not compared"
+        detail += "; a run failed before its checksum, so the weights were not compared"
     if counted[0]["world_size"] == 1:
         detail += "; with 1 rank each shard is the whole tensor"
     return ("PASS" if whole and not any(counted0) and same_weights else "FAIL"), detail
@@ -269,7 +269,7 @@ def check_pair(dense, zero3):
 
 def check_promises(runs):
     """(d): every run finished, or ran out of memory (a result too), and its ranks hold the share of
-    parameters, gradients and optimizer states that their stage promises (train_gpt.py's partition_check)."""
+    parameters, gradients and optimizer states that their stage promises (record.add_shares)."""
     held, broken = [], []
     for name, rs in runs.items():
         if oom(rs):
@@ -532,7 +532,7 @@ def main(argv=None):
     for folder in args.compare or [args.folder]:
         if folder is None or not folder.is_dir() or not any(folder.glob("*.log")):
             print(f"report.py: error: {folder} is not a results folder with logs", file=sys.stderr)
-            return 2
+            return EXIT["bad input"]
     if args.compare:
         return compare(*args.compare, args.tolerance)
     runs = load_runs(args.folder)

@@ -207,7 +207,7 @@ def get_batch(tokens, seed, step, rank, micro_batch, world, seq, device):
 def learning_rate(step, args):
     """A linear warm-up to --lr over --warmup steps (none by default), then --lr. Step 0, where the
     optimizer is built, has rate 0."""
-    return args.lr * min(1.0, step / args.warmup) if args.warmup else args.lr
+    return args.lr * min(1.0, step / max(args.warmup, 1))
 
 
 # -----------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def resolve(args):
     on_gpu = torch.cuda.is_available()
     args.model = args.model or ("1.3b" if on_gpu else "tiny")
     shape = PRESETS[args.model]
-    config, how = options.resolve(args, options.read_config(args.config), (shape.vocab, shape.context, shape.lr),
+    config, how = options.resolve(args, options.read_config(args.config), (shape.context, shape.lr),
                                   args.check or int(os.environ["WORLD_SIZE"]), {"on_gpu": on_gpu, "known_optimizer": known_optimizer,
                                                                   "bf16_ok": on_gpu and torch.cuda.is_bf16_supported()})
     try:  # DeepSpeed's own checks of the rest, before any process group; one rank's batch stands for all
@@ -313,9 +313,10 @@ def build_engine(model, args, config):
 # training
 
 
-def train(engine, args, device, rank, world, m, flops_per_token, peak_tflops):
+def train(engine, args, device, rank, facts, m):
     """Run the steps, recording loss, rate, time and peak memory of each into m.steps, and count the model
     states in the last step: after backward, and after the optimizer step (outside the timed region)."""
+    world = facts["world_size"]
     tokens_per_step = world * args.micro_batch * args.seq
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for step in range(1, args.steps + 1):
@@ -346,8 +347,8 @@ def train(engine, args, device, rank, world, m, flops_per_token, peak_tflops):
         s = {"step": step, "loss": loss.item() / world, "lr": engine.get_lr()[0], "time_s": elapsed,
              **measure.memory_snapshot(device)}
         m.steps.append(s)
-        log(rank, record.step_line(s, args.steps, tokens_per_step,
-                                   flops_per_token * tokens_per_step / elapsed / world / 1e12, peak_tflops))
+        tflops = m.flops_per_token * tokens_per_step / elapsed / facts["gpus"] / 1e12
+        log(rank, record.step_line(s, args.steps, tokens_per_step, tflops, m.peak_tflops))
 
 
 # -----------------------------------------------------------------------------
@@ -355,13 +356,23 @@ def train(engine, args, device, rank, world, m, flops_per_token, peak_tflops):
 
 
 def run(args, config, facts, m):
-    """Build and train, filling facts (the run's) and m (what this rank measured) as it goes."""
-    rank = facts["rank"]
-    with phase(rank, "starting the process group"):
+    """Join the process group, then build and train, filling facts (the run's) and m (what this rank
+    measured) as it goes; a collective that times out names the ranks that stopped answering."""
+    with phase(facts["rank"], "starting the process group"):
         device, placement, watch = init_distributed(args.timeout_s)
     facts.update(placement, env=machine.environment(device))
-    if placement["rehearsal"]:
-        log(rank, f"REHEARSAL: {facts['world_size']} ranks share {placement['gpus']} GPU(s) over gloo: each rank's "
+    try:
+        build_and_train(args, config, facts, m, device)
+    except RuntimeError as e:
+        if any(word in str(e).lower() for word in ("timed out", "timeout")):
+            raise RuntimeError(f"a collective waited {args.timeout_s:g} s: {machine.silent_ranks(watch)}") from e
+        raise
+
+
+def build_and_train(args, config, facts, m, device):
+    rank = facts["rank"]
+    if facts["rehearsal"]:
+        log(rank, f"REHEARSAL: {facts['world_size']} ranks share {facts['gpus']} GPU(s) over gloo: each rank's "
                   "memory is real, its speed is not")
     if args.max_mem_gib:
         machine.cap_memory(device, args.max_mem_gib)
@@ -376,15 +387,9 @@ def run(args, config, facts, m):
     m.shards = measure.shard_report(engine.module, facts["world_size"])
     m.weights_checksum = measure.weights_checksum(engine.module, rank, device)
     log(rank, f"{m.shards['params_total']:,} parameters in {m.shards['param_tensors']} tensors")
-    flops = engine.module.flops_per_token(m.shards["params_total"], args.seq)
-    peak = machine.peak_tflops(device, args.dtype)
-    try:
-        train(engine, args, device, rank, facts["world_size"], m, flops, peak)
-    except RuntimeError as e:
-        if any(word in str(e).lower() for word in ("timed out", "timeout")):
-            raise RuntimeError(f"a collective waited {args.timeout_s:g} s: {machine.silent_ranks(watch)}") from e
-        raise
-    return device, flops, peak
+    m.flops_per_token = engine.module.flops_per_token(m.shards["params_total"], args.seq)
+    m.peak_tflops = machine.peak_tflops(device, args.dtype)
+    train(engine, args, device, rank, facts, m)
 
 
 def emit(records):
@@ -413,19 +418,17 @@ def main(argv=None):
                                               "compile", "max_mem_gib", "timeout_s", "offload")},
              "launcher": launcher, "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
     m, status, failure = record.Measured(), EXIT["done"], {}
-    device, flops, peak = torch.device("cuda" if torch.cuda.is_available() else "cpu"), 0, None
     try:
-        device, flops, peak = run(args, config, facts, m)
+        run(args, config, facts, m)
     except Exception as e:  # noqa: BLE001 -- any failure is reported as a result, with its traceback in the log
         oom = machine.out_of_memory(e)
         if not oom:
             traceback.print_exc()
         failure = {"oom": oom, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
         status = EXIT["out of memory"] if oom else EXIT["failed"]
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     r = record.assemble({**facts, **failure}, m, PRESETS[args.model], LOSS_CHUNK,
-                        config.get("zero_optimization", {}).get("stage3_prefetch_bucket_size", 5e7), flops, peak,
+                        config.get("zero_optimization", {}).get("stage3_prefetch_bucket_size", 5e7),
                         measure.memory_snapshot(device))
     if status:  # a rank that failed reports alone: its peers may be blocked in a collective
         emit([record.as_dict(r)])

@@ -81,10 +81,11 @@ def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chu
     return blocks + (3 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
 
 
-def step_transient_bytes(shard, optimizer_offloaded):
-    """The fp32 gradients that the optimizer step makes from the 16-bit ones, on the device unless the
-    optimizer runs on the host."""
-    return 0 if optimizer_offloaded else MASTER_BYTES * shard
+def step_transient_bytes(stage, dtype, shard, optimizer_offloaded):
+    """The fp32 gradients that the optimizer step makes, on the device unless the optimizer runs on the host:
+    from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32 steps on the
+    gradients themselves."""
+    return 0 if optimizer_offloaded or (stage == 0 and WIDTH[dtype] == 4) else MASTER_BYTES * shard
 
 
 def peak_bytes(states, other, prefetch, activations, transient):

@@ -22,7 +22,8 @@ from machine import free_port  # noqa: E402
 
 
 def run(cmd, env=None, log=None):
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    # a launch that hangs fails its tests after 10 minutes, not CI's 90
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, **(env or {})})
     if log:
         log.write_text(proc.stdout + proc.stderr)
@@ -95,10 +96,11 @@ def fp32(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def failing_config(tmp_path_factory):
-    """A launch whose DeepSpeed config DeepSpeed itself rejects, after the process group has started."""
+    """A launch that DeepSpeed itself refuses once the process group has started: an optimizer that the
+    input checks let through (torch.optim has it) but that ZeRO has not tested."""
     folder = tmp_path_factory.mktemp("failing")
     config = json.loads((ROOT / "ds_config_stage3.json").read_text())
-    config["train_batch_size"] = 999  # not micro batch x ranks
+    config["optimizer"] = {"type": "LBFGS", "params": {}}
     (folder / "bad.json").write_text(json.dumps(config))
     log = folder / "stage3.log"
     proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",

@@ -134,11 +134,11 @@ def only(folder, tmp_path, *names):
 
 
 def test_stages_without_a_stage0_and_stage3_pair_cannot_pass(other_stages, tmp_path, capsys):
-    assert report.main([str(only(other_stages.folder, tmp_path, "stage1", "stage2"))]) == 3
+    assert report.main([str(only(other_stages.folder, tmp_path, "stage1", "stage2"))]) == 5
     assert "no stage-0 and plain stage-3 runs" in capsys.readouterr().out
 
 
 def test_offload_runs_beside_stage_3_alone_are_not_observable_rather_than_failed(other_stages, tmp_path, capsys):
-    assert report.main([str(only(other_stages.folder, tmp_path, "stage3", "stage3_offload"))]) == 3
+    assert report.main([str(only(other_stages.folder, tmp_path, "stage3", "stage3_offload"))]) == 5
     out = capsys.readouterr().out
     assert "no plain stage-0 run with this number of ranks" in out and "offload stage3_offload: " in out
