@@ -163,7 +163,8 @@ def micro_batch(config, args, world, where):
                                                      ("train_batch_size", total and total // world)) if value),
                   ("the default", 2))
     if total is not None and chosen[1] * world != total:
-        raise BadInput(f"{chosen[0]} {chosen[1]} x {world} rank(s) contradicts train_batch_size {total} in config{where}")
+        raise BadInput(f"{chosen[0]} {chosen[1]} x {world} rank(s) contradicts train_batch_size {total} "
+                       f"in config{where}")
     return chosen
 
 
@@ -172,9 +173,10 @@ def precision(config, args, on_gpu, bf16_ok, where):
     enabled = [name for name in ("fp16", "bf16") if field(config, f"{name}.enabled", (bool,), False, where)]
     if len(enabled) == 2:
         raise BadInput(f"config{where} enables both fp16 and bf16")
-    dtype, source = (args.dtype, "--dtype") if args.dtype else ((enabled[0], "the config") if enabled else ("fp32", "the config"))
+    dtype, source = (args.dtype, "--dtype") if args.dtype else ((enabled or ["fp32"])[0], "the config")
     if dtype == "fp16" and not on_gpu:
-        raise BadInput(f"fp16 needs a GPU, and this machine has none: use --dtype bf16 or fp32 ({source} asks for fp16)")
+        raise BadInput(f"fp16 needs a GPU, and this machine has none: use --dtype bf16 or fp32 "
+                       f"({source} asks for fp16)")
     if dtype == "bf16" and on_gpu and not bf16_ok:
         raise BadInput(f"this GPU has no bf16: use --dtype fp16 or fp32 ({source} asks for bf16)")
     return dtype, source

@@ -120,7 +120,8 @@ class Record:
     @property
     def step_time_s(self) -> float:
         """The median over steps 2..N: step 1 pays for allocations, kernel selection and ZeRO-3's first trace."""
-        return statistics.median([s["time_s"] for s in self.steps[1:]] or [self.steps[0]["time_s"]]) if self.steps else None
+        times = [s["time_s"] for s in self.steps]
+        return statistics.median(times[1:] or times) if times else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -128,7 +129,9 @@ class Record:
 
     @property
     def tflops_per_gpu(self) -> float:
-        return self.flops_per_token * self.tokens_per_s / self.gpus / 1e12 if self.steps and self.flops_per_token else None
+        if not (self.tokens_per_s and self.flops_per_token):
+            return None
+        return self.flops_per_token * self.tokens_per_s / self.gpus / 1e12
 
     @property
     def mfu(self) -> float:
@@ -229,12 +232,14 @@ def partition_lines(tag, r):
 def memory_lines(tag, r):
     lines = [f"{tag} model states: {size(r['model_state_bytes'])} ({kinds_text(r['model_state_breakdown'])}) vs ZeRO "
              f"prediction {size(r['predicted_model_state_bytes'])} "
-             f"({fmt(relative_error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); other tensors "
+             f"({fmt(relative_error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); "
+             f"other tensors "
              f"{size(r['model_state_breakdown']['other'])}; partitioned parameters still gathered after backward: "
              f"{r['gathered_tensors']}"]
     if r["host_state_breakdown"]:
         lines.append(f"{tag} host (CPU) model states: {size(r['host_state_bytes'])} "
-                     f"({kinds_text(r['host_state_breakdown'])}) vs prediction {size(r['predicted_host_state_bytes'])}; "
+                     f"({kinds_text(r['host_state_breakdown'])}) vs prediction "
+                     f"{size(r['predicted_host_state_bytes'])}; "
                      f"other host tensors {size(r['host_state_breakdown']['other'])}")
     held, promised = r["held_fraction"], r["promised_fraction"]
     lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
@@ -260,7 +265,8 @@ def human_lines(r):
                      + ", ".join(f"{x:.4f}" for x in r["losses"]))
     if r["mem_kind"] == "cuda":
         extra = (f"peak allocated; reserved {gib(r.get('peak_reserved_bytes') or 0):.2f}, after init "
-                 f"{gib(r.get('mem_after_init_bytes') or 0):.2f}, device {gib(r.get('device_total_bytes') or 0):.1f} GiB")
+                 f"{gib(r.get('mem_after_init_bytes') or 0):.2f}, device "
+                 f"{gib(r.get('device_total_bytes') or 0):.1f} GiB")
     else:
         extra = "peak RSS of the process"
     lines.append(f"{tag} peak memory: {gib(r['peak_mem_bytes']):.2f} GiB ({extra})")

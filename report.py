@@ -122,13 +122,15 @@ COMPARISON = [
     ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True, False),
     ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True, False),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True, False),
-    ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")), "+.1%",
+    ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")),
+     "+.1%",
      False, False),
     ("  DeepSpeed estimator", estimator, "bytes", True, False),
     ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False, False),
     ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False, True),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False, True),
-    ("  error", lambda rs: relative_error(worst(rs, "host_state_bytes"), worst(rs, "predicted_host_state_bytes")), "+.1%",
+    ("  error", lambda rs: relative_error(worst(rs, "host_state_bytes"), worst(rs, "predicted_host_state_bytes")),
+     "+.1%",
      False, True),
     ("other tensors", other_bytes, "bytes", False, False),
     ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True, False),
@@ -238,7 +240,8 @@ def check_loss(dense, zero3):
     if zero3[0]["model"] == design["model"] and len(zero3[0]["losses"]) >= design["step"]:
         late = {name: rs[0]["losses"][design["step"] - 1] for name, rs in finished.items()}
         detail += f"; below {design['below']:g} by step {design['step']}, as the original design expects"
-        misses += [f"{name} is at {x:.3f} at step {design['step']}" for name, x in late.items() if not x < design["below"]]
+        misses += [f"{name} is at {x:.3f} at step {design['step']}" for name, x in late.items()
+                   if not x < design["below"]]
     return ("FAIL" if misses else "PASS"), detail + ("; MISSED: " + ", ".join(misses) if misses else "")
 
 
@@ -431,7 +434,8 @@ def draw_scaling(ax, worlds):
     lines = [("stage 0 model states", dense_at, "model_state_bytes", "s--"),
              ("stage 3 model states", zero3_at, "model_state_bytes", "o--")]
     if first(zero3_at[sizes[-1]], "mem_kind") == "cuda":  # a CPU's peak RSS is mostly the runtime
-        lines += [("stage 0 peak", dense_at, "peak_mem_bytes", "s-"), ("stage 3 peak", zero3_at, "peak_mem_bytes", "o-")]
+        lines += [("stage 0 peak", dense_at, "peak_mem_bytes", "s-"),
+                  ("stage 3 peak", zero3_at, "peak_mem_bytes", "o-")]
     for label, run_at, key, style in lines:
         points = [(g, gib(worst(run_at[g], key))) for g in sizes if worst(run_at[g], key)]
         if points:

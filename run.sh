@@ -34,8 +34,9 @@ done
 if [ -n "${HOSTFILE:-}" ]; then
   [ -z "$ranks" ] || bad "with HOSTFILE the hostfile's slots set the ranks; drop --ranks"
   [ -f "$HOSTFILE" ] && [ -r "$HOSTFILE" ] || bad "HOSTFILE $HOSTFILE is not a readable file"
-  ranks=$(awk '!/^ *(#|$)/ { n += (match($0, /slots=[0-9]+/) ? substr($0, RSTART + 6, RLENGTH - 6) : 1) } END { print n + 0 }' "$HOSTFILE")
-  [ "$ranks" -gt 0 ] || bad "HOSTFILE $HOSTFILE names no host"
+  ranks=$(awk '!/^ *#/ && match($0, /slots=[0-9]+/) { n += substr($0, RSTART + 6, RLENGTH - 6) } END { print n + 0 }' \
+    "$HOSTFILE")  # the ranks that the hostfile's slots give, for train_gpt.py's check
+  [ "$ranks" -gt 0 ] || bad "HOSTFILE $HOSTFILE names no host with slots=N"
 fi
 read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
 print(torch.cuda.device_count() or 2, s.getsockname()[1])') || exit 1

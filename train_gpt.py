@@ -162,7 +162,8 @@ class GPT(nn.Module):
         # the loss in fp32, a chunk of rows at a time and recomputed in backward: whole, the fp32 logits, their
         # log-softmax and its gradient would hold 12 bytes per logit, which no ZeRO stage partitions
         rows = zip(logits.split(LOSS_CHUNK), targets.flatten().split(LOSS_CHUNK))
-        total = sum(torch.utils.checkpoint.checkpoint(summed_cross_entropy, *pair, use_reentrant=False) for pair in rows)
+        total = sum(torch.utils.checkpoint.checkpoint(summed_cross_entropy, *pair, use_reentrant=False)
+                    for pair in rows)
         return total / targets.numel()
 
     def flops_per_token(self, params, seq):
@@ -225,9 +226,9 @@ def resolve(args):
     on_gpu = torch.cuda.is_available()
     args.model = args.model or ("1.3b" if on_gpu else "tiny")
     shape = PRESETS[args.model]
-    config, how = options.resolve(args, options.read_config(args.config), (shape.context, shape.lr),
-                                  args.check or int(os.environ["WORLD_SIZE"]), {"on_gpu": on_gpu, "known_optimizer": known_optimizer,
-                                                                  "bf16_ok": on_gpu and torch.cuda.is_bf16_supported()})
+    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": known_optimizer}
+    world = args.check or int(os.environ["WORLD_SIZE"])
+    config, how = options.resolve(args, options.read_config(args.config), (shape.context, shape.lr), world, host)
     try:  # DeepSpeed's own checks of the rest, before any process group; one rank's batch stands for all
         DeepSpeedConfig({**config, "train_batch_size": args.micro_batch})
     except Exception as e:  # noqa: BLE001 -- pydantic and assertion errors alike
@@ -376,7 +377,8 @@ def build_and_train(args, config, facts, m, device):
                   "memory is real, its speed is not")
     if args.max_mem_gib:
         machine.cap_memory(device, args.max_mem_gib)
-        log(rank, f"memory capped at {args.max_mem_gib} GiB per rank{'' if device.type == 'cuda' else ' of data added from now on'}")
+        log(rank, f"memory capped at {args.max_mem_gib} GiB per rank"
+                  + ("" if device.type == "cuda" else " of data added from now on"))
     with phase(rank, "building the model"):
         model = build_model(args, config, device)
     with phase(rank, "starting the DeepSpeed engine"):

@@ -137,7 +137,8 @@ def memory_snapshot(device):
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if device.type != "cuda":
         return {"peak_mem_bytes": rss}
-    return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device), "allocated_bytes": torch.cuda.memory_allocated(device),
+    return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device),
+            "allocated_bytes": torch.cuda.memory_allocated(device),
             "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "host_peak_rss_bytes": rss,
             "device_total_bytes": torch.cuda.get_device_properties(device).total_memory}
 

@@ -300,7 +300,7 @@ RUN_SH_CASES = {
                                                    "argument --model: invalid choice: '13b'"),
     "a missing hostfile": ([], {"HOSTFILE": "/no/such/file"}, "run.sh",
                            "HOSTFILE /no/such/file is not a readable file"),
-    "a hostfile of comments only": ([], {"HOSTFILE": "{hostfile}"}, "run.sh", "HOSTFILE {hostfile} names no host"),
+    "a hostfile of comments only": ([], {"HOSTFILE": "{hostfile}"}, "run.sh", "HOSTFILE {hostfile} names no host with slots=N"),
     "--stage": (["--stage", "3"], {}, "run.sh", "--stage is run.sh's to set"),
     "--check": (["--check"], {}, "run.sh", "run.sh checks every input before it launches; --check is not needed"),
     "--ranks with no value": (["--ranks"], {}, "run.sh", "--ranks needs a value"),
