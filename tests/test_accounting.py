@@ -141,7 +141,8 @@ def test_the_estimator_arithmetic_equals_deepspeeds_own_functions(stage, optimiz
     mine = predict.deepspeed_estimate(stage, PSI, PSI // 10, 4, 2, {"optimizer": optimizer, "param": param})
     if stage == 3:
         host, device, _ = estimate_zero3_model_states_mem_needs(PSI, PSI // 10, num_gpus_per_node=4, num_nodes=2,
-                                                                cpu_offload=bool(optimizer), cpu_offload_params=bool(param))
+                                                                cpu_offload=bool(optimizer),
+                                                                cpu_offload_params=bool(param))
     else:
         host, device = estimate_zero2_model_states_mem_needs(PSI, num_gpus_per_node=4, num_nodes=2,
                                                              cpu_offload=bool(optimizer))
@@ -222,17 +223,18 @@ def test_an_estimate_within_10_percent_needs_no_explanation():
 def test_out_of_memory_covers_gpu_and_capped_cpu_allocations():
     assert machine.out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert machine.out_of_memory(RuntimeError("CUDA error: out of memory"))
-    assert machine.out_of_memory(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried to ..."))
+    assert machine.out_of_memory(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried"))
     assert not machine.out_of_memory(RuntimeError("Connection closed by peer"))
 
 
 def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
     # the H200 offload runs once reported the host RSS after engine start instead of the steps' larger one
-    steps = [{"step": i, "loss": 1.0, "lr": 1e-5, "time_s": 0.5, "peak_mem_bytes": 10 * i, "peak_reserved_bytes": 20 * i,
+    steps = [{"step": i, "loss": 1.0, "lr": 1e-5, "time_s": 0.5, "peak_mem_bytes": 10 * i,
+              "peak_reserved_bytes": 20 * i,
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
     m = record.Measured(steps=steps, memory_at_start=start)
-    r = record.assemble(facts(0, world=1), m, t.PRESETS["1.3b"], t.LOSS_CHUNK, 0, 1, None, {"peak_mem_bytes": 0})
+    r = record.assemble(facts(0, world=1), m, t.PRESETS["1.3b"], t.LOSS_CHUNK, 0, {"peak_mem_bytes": 0})
     assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
 
 
