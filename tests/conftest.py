@@ -219,3 +219,18 @@ def hung_rank(tmp_path_factory):
         # a killed rank leaves DeepSpeed's CPU all-reduce buffer behind (train_gpt.py unlinks it on its way out)
         for buffer in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
             buffer.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def original_design(tmp_path_factory):
+    """The original design's config as it stands there (benchmarks/original_design.json) on 2 CPU ranks, with
+    its fp16 section made bf16, which CPUs have: train_batch_size 8, DeepSpeed's AdamW, 5e8-element buckets.
+    DeepSpeed's AdamW is its FusedAdam, which the first run builds (about 45 s)."""
+    folder = tmp_path_factory.mktemp("original")
+    config = json.loads((ROOT / "benchmarks" / "original_design.json").read_text())
+    config["bf16"] = config.pop("fp16")
+    (folder / "original.json").write_text(json.dumps(config))
+    log = folder / "stage3.log"
+    proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
+                "--config", str(folder / "original.json")], log=log)
+    return SimpleNamespace(proc=proc, records=report.read_results(log))

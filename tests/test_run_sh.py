@@ -3,7 +3,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 import report
+from conftest import planted
 
 
 def test_run_sh_passes_on_cpu(run_sh):
@@ -98,3 +101,47 @@ def test_report_fails_runs_that_are_not_comparable(run_sh, tmp_path, capsys):
     (tmp_path / "stage3.log").write_text(log.replace('"micro_batch": 2', '"micro_batch": 4'))
     assert report.main([str(tmp_path)]) == 1
     assert "they differ in micro_batch" in capsys.readouterr().out
+
+
+def test_every_stage_trains_alike_at_every_step(other_stages):
+    dense = other_stages.runs["stage0"][0]["losses"]
+    for name in ("stage1", "stage2", "stage3"):
+        assert other_stages.runs[name][0]["losses"] == pytest.approx(dense, rel=report.LOSS_RTOL), name
+
+
+def test_a_planted_divergence_between_the_stages_fails_the_verdict(run_sh, tmp_path, capsys):
+    def diverge(r):
+        return {**r, "losses": [r["losses"][0], r["losses"][1] * 0.95, r["losses"][2] * 0.95]}
+    assert report.main([str(planted(run_sh.folder, tmp_path, "stage3", diverge))]) == 1
+    assert "the stages DIFFER by 5.00%" in capsys.readouterr().out
+
+
+def test_a_planted_rise_of_the_loss_fails_the_verdict(run_sh, tmp_path, capsys):
+    def rise(r):  # the last step above the one before, at both stages alike
+        return {**r, "losses": [r["losses"][0], r["losses"][1], r["losses"][1] + 0.1]}
+    folder = planted(planted(run_sh.folder, tmp_path, "stage0", rise), tmp_path, "stage3", rise)
+    assert report.main([str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "MISSED: stage 0 does not fall at every step, stage 3 does not fall at every step" in out
+
+
+@pytest.mark.parametrize("third, verdict", [(8.5, 1), (7.5, 0)])
+def test_the_1_3b_model_must_be_below_8_by_step_3(third, verdict, run_sh, tmp_path, capsys):
+    def as_1_3b(r):
+        return {**r, "model": "1.3b", "losses": [11.1, 9.0, third]}
+    folder = planted(planted(run_sh.folder, tmp_path, "stage0", as_1_3b), tmp_path, "stage3", as_1_3b)
+    assert report.main([str(folder)]) == verdict
+    assert ("stage 3 is at 8.500 at step 3" in capsys.readouterr().out) == (verdict == 1)
+
+
+@pytest.mark.parametrize("stage3_peak_gib, verdict", [(16, 1), (13, 0)])
+def test_on_gpus_the_peak_must_fall_as_far_as_the_original_design_expects(stage3_peak_gib, verdict, run_sh,
+                                                                          tmp_path, capsys):
+    # 2 ranks: the design's 3x at 4 ranks, as 1/G + 1/12 of stage 0's peak, expects at least 1.71x
+    def on_gpu(peak_gib):
+        return lambda r: {**r, "mem_kind": "cuda", "peak_mem_bytes": peak_gib * 2**30}
+    folder = planted(run_sh.folder, tmp_path, "stage0", on_gpu(24))
+    folder = planted(folder, tmp_path, "stage3", on_gpu(stage3_peak_gib))
+    assert report.main([str(folder)]) == verdict
+    out = capsys.readouterr().out
+    assert "expected at least 1.71x" in out and ("MISSED" in out.split("(b)")[1].splitlines()[0]) == (verdict == 1)

@@ -80,3 +80,12 @@ def test_a_token_file_trains(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     [record] = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert record["losses"][-1] < record["losses"][0]
+
+
+def test_the_original_designs_config_runs_as_it_is(original_design):
+    assert original_design.proc.returncode == 0, original_design.proc.stdout[-3000:]
+    assert "micro batch 4 per rank (from train_batch_size) x 2 rank(s)" in original_design.proc.stdout
+    assert "lr 0.0001 (from the config; constant), optimizer AdamW (DeepSpeed builds it)" in original_design.proc.stdout
+    for r in original_design.records:
+        assert r["micro_batch"] == 4 and r["dtype"] == "bf16" and r["optimizer"].startswith("deepspeed.")
+        assert r["partition_check_ok"] and r["error"] is None
