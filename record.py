@@ -6,6 +6,7 @@ A new figure is one property of Record and one row in report.py's COMPARISON.
 import json
 import math
 import statistics
+import sys
 from dataclasses import asdict, dataclass, field
 
 from accounting import explain, predict
@@ -277,3 +278,10 @@ def human_lines(r):
     if r.get("nonfinite_loss"):
         lines.append(f"{tag} WARNING: the loss is not finite: {r['losses']}")
     return lines
+
+
+def emit(records):
+    """The ranks' human lines and RESULT lines, in one write so that ranks sharing a log don't interleave."""
+    lines = [line for r in records for line in (*human_lines(r), result_line(r))]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()

@@ -394,13 +394,6 @@ def build_and_train(args, config, facts, m, device):
     train(engine, args, device, rank, facts, m)
 
 
-def emit(records):
-    """The ranks' human lines and RESULT lines, in one write so that ranks sharing a log don't interleave."""
-    lines = [line for r in records for line in (*record.human_lines(r), record.result_line(r))]
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
-
-
 def main(argv=None):
     try:
         launcher = machine.adopt_launcher_env()
@@ -433,12 +426,12 @@ def main(argv=None):
                         config.get("zero_optimization", {}).get("stage3_prefetch_bucket_size", 5e7),
                         measure.memory_snapshot(device))
     if status:  # a rank that failed reports alone: its peers may be blocked in a collective
-        emit([record.as_dict(r)])
+        record.emit([record.as_dict(r)])
     else:
         everyone = [None] * world
         dist.all_gather_object(everyone, record.as_dict(r))
         if rank == 0:
-            emit(everyone)
+            record.emit(everyone)
             print(rank_table(everyone), flush=True)
         dist.barrier()  # rank 0 has printed everything before any rank leaves
         status = EXIT["loss not finite"] if r.nonfinite_loss else EXIT["done"]
