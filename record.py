@@ -15,6 +15,11 @@ from formatting import fmt, gib, pct, relative_error, size
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 
 
+def states(breakdown):
+    """The model states of a census: every kind but the other tensors."""
+    return sum(v for k, v in breakdown.items() if k != "other")
+
+
 @dataclass
 class Measured:
     """What a rank measured, part by part; a rank that fails keeps the parts it got."""
@@ -145,10 +150,6 @@ FIGURES = [name for name, value in vars(Record).items() if isinstance(value, pro
 def as_dict(r):
     """The record as RESULT carries it: its fields and its figures."""
     return {**asdict(r), **{name: getattr(r, name) for name in FIGURES}}
-
-
-def states(breakdown):
-    return sum(v for k, v in breakdown.items() if k != "other") if breakdown else 0
 
 
 PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")

@@ -12,6 +12,8 @@ from deepspeed import comm as dist
 from deepspeed.runtime.zero.utils import is_zero_param
 from torch._subclasses.fake_tensor import FakeTensor
 
+from accounting import predict
+
 
 def full_numel(p):
     """A partitioned parameter's numel() is 0; ds_numel is its full size."""
@@ -127,7 +129,7 @@ def gathered_tensors(model):
 
 def model_states_now(engine, device, offload):
     """The census on the device, and in host memory too where a GPU rank offloads (else None)."""
-    offloaded = device.type == "cuda" and (offload["optimizer"] or offload["param"])
+    offloaded = device.type == "cuda" and predict.host_kinds(offload)
     return census(engine, device.type), census(engine, "cpu") if offloaded else None
 
 
