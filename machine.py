@@ -138,6 +138,21 @@ PEAK_TFLOPS = {
 }
 
 
+# NVLink's bandwidth per GPU and direction, GB/s, within one node: the ceiling of nccl-tests' bus bandwidth
+NVLINK_GBPS = {"H100 PCIe": None, "H100 NVL": None, "H200 NVL": None, "H100": 450, "H200": 450, "H800": 200,
+               "A100": 300, "A800": 200, "B200": 900, "GB200": 900}
+
+
+def link_bandwidth(device, placement, world):
+    """The link between this node's GPUs in bytes per second, where NCCL runs over it alone: one node, one
+    rank per GPU, a known GPU."""
+    if device.type != "cuda" or placement["rehearsal"] or world > placement["ranks_per_node"] or world < 2:
+        return None
+    name = torch.cuda.get_device_name(device)
+    gbps = next((v for k, v in NVLINK_GBPS.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
+    return gbps and gbps * 1e9
+
+
 def peak_tflops(device, dtype):
     """The device's dense 16-bit peak; none for a CPU, an unknown device, or fp32, which runs slower."""
     if device.type != "cuda" or dtype == "fp32":

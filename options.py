@@ -13,6 +13,7 @@ from pathlib import Path
 from formatting import EXIT
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+ENGINES = ("deepspeed", "fsdp2")
 STAGES = (0, 1, 2, 3)
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
 
@@ -75,7 +76,11 @@ def parse_args(argv, presets, here):
     p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="activation checkpointing: recompute each block in backward (default on; --no-checkpoint)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model through DeepSpeed's engine.compile")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model through DeepSpeed's engine.compile (FSDP2: each block)")
+    p.add_argument("--engine", choices=ENGINES, default="deepspeed",
+                   help="fsdp2: train through PyTorch's fully_shard instead, ZeRO-3's peer, with the stage-3 config's "
+                        "micro batch, precision and clipping (default deepspeed)")
     p.add_argument("--max-mem-gib", type=positive(float),
                    help="cap each rank's memory: the GPU allocator's share, or on a CPU the data the process adds")
     p.add_argument("--timeout-s", type=positive(float), default=120.0,
@@ -88,6 +93,15 @@ def parse_args(argv, presets, here):
     args = p.parse_args(argv)
     args.config = args.config or here / f"ds_config_stage{3 if args.stage is None else args.stage}.json"
     return args
+
+
+def check_token_file(path):
+    if not path.is_file():
+        raise BadInput(f"--data {path}: {'not a file' if path.exists() else 'no such file'}")
+    if not os.access(path, os.R_OK):
+        raise BadInput(f"--data {path}: cannot be read: permission denied")
+    if path.stat().st_size % 2:
+        raise BadInput(f"--data {path}: not a flat uint16 token file (odd size)")
 
 
 def read_config(path):
@@ -207,6 +221,8 @@ def resolve(args, config, preset, world, host):
     batch_source, args.micro_batch = micro_batch(config, args, world, where)
     args.dtype, dtype_source = precision(config, args, host["on_gpu"], host["bf16_ok"], where)
     section = optimizer(config, where, host["known_optimizer"])
+    if args.engine == "fsdp2":
+        fsdp2_can_run(config, args, section, where)
     config_lr = field(config, "optimizer.params.lr", (int, float), None, where)
     if config_lr is not None and config_lr <= 0:
         raise BadInput(f"config{where}: optimizer.params.lr must be positive, not {config_lr}")
@@ -222,10 +238,21 @@ def resolve(args, config, preset, world, host):
         config["optimizer"] = {**section, "params": {**section.get("params", {}), "lr": 0.0}}
     rate = ("set by the config's scheduler" if scheduler else f"{args.lr:g} (from {lr_source}; "
             + (f"warm-up over {args.warmup} steps)" if args.warmup else "constant)"))
-    line = (f"stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank (from "
+    line = (f"{'FSDP2 as ' if args.engine == 'fsdp2' else ''}stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank (from "
             f"{batch_source}) x {world} rank(s), lr {rate}, optimizer "
             f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}, config {args.config}")
     return config, line
+
+
+def fsdp2_can_run(config, args, section, where):
+    """FSDP2 stands beside ZeRO-3 as it runs on the device: torch's AdamW, bf16 or fp32, no offload."""
+    if args.stage != 3:
+        raise BadInput(f"--engine fsdp2 is ZeRO-3's peer and reads a stage-3 config, not stage {args.stage}")
+    if section or any(offload_devices(config).values()):
+        raise BadInput(f"--engine fsdp2 trains with torch's AdamW on the device; config{where} has "
+                       + ("an optimizer section" if section else "offload"))
+    if args.dtype == "fp16":
+        raise BadInput("--engine fsdp2 runs bf16 or fp32: fp16 would need a loss scaler that ZeRO's is not")
 
 
 def offload_devices(config):

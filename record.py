@@ -34,12 +34,14 @@ class Measured:
     gathered_tensors: int = None
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
+    link_busbw: float = None  # bytes per second, an all-gather alone (accounting.comms.link_alone)
 
 
 @dataclass
 class Record:
     # the run: what train_gpt.py was asked to do, where, and how it ended
     stage: int
+    engine: str  # "deepspeed", or "fsdp2": PyTorch's fully_shard as ZeRO-3's peer
     rank: int
     world_size: int
     model: str
@@ -61,6 +63,8 @@ class Record:
     ranks_per_node: int = None
     ranks_per_gpu: int = None
     rehearsal: bool = None
+    link_bytes_per_s: float = None  # NVLink's, per GPU and direction, where the ranks communicate over it
+    link_busbw: float = None  # bytes per second that an all-gather of 256 MiB achieved alone, after training
     env: dict = None
     optimizer: str = None
     ready_s: float = None
@@ -125,9 +129,37 @@ class Record:
 
     @property
     def step_time_s(self) -> float:
-        """The median over steps 2..N: step 1 pays for allocations, kernel selection and ZeRO-3's first trace."""
-        times = [s["time_s"] for s in self.steps]
+        """The median over steps 2..N, but for a step run under the profiler: step 1 pays for allocations,
+        kernel selection and ZeRO-3's first trace."""
+        times = [s["time_s"] for s in self.steps if not s.get("comm_s")]
         return statistics.median(times[1:] or times) if times else None
+
+    @property
+    def comm_bytes(self) -> dict:
+        """Bytes per kind of collective in the last step (nccl-tests' sizes: accounting.comms)."""
+        last = self.steps[-1].get("comm") if self.steps else None
+        return {kind: c["bytes"] for kind, c in last.items()} if last else None
+
+    @property
+    def comm_volume(self) -> float:
+        """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
+        the gradients, 3 for stage 3."""
+        last = self.steps[-1].get("comm") if self.steps else None
+        return predict.volume(last, self.params_total) if last and self.params_total else None
+
+    @property
+    def paper_comm_volume(self) -> int:
+        return predict.comm_volume(self.stage, self.world_size)
+
+    @property
+    def busbw(self) -> dict:
+        """nccl-tests' bus bandwidth per kind of collective, in bytes per second, from the profiled step's
+        NCCL kernels; None where nothing was timed."""
+        seconds = self.steps[-1].get("comm_s") if self.steps else None
+        if not seconds:
+            return None
+        return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size) if t else None
+                for kind, t in seconds.items()}
 
     @property
     def tokens_per_s(self) -> float:
@@ -165,17 +197,19 @@ def add_predictions(r, shape, loss_chunk, prefetch_elems):
     """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
     optimizer step's fp32 gradients and the peak, against which the measurement is judged."""
     shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
-    r.predicted_breakdown = predict.model_states(r.stage, r.dtype, r.params_total, shard, r.persistent_elems)
+    r.predicted_breakdown = predict.model_states(r.stage, r.dtype, r.params_total, shard, r.persistent_elems, r.engine)
     on_host = predict.host_kinds(r.offload) if r.mem_kind == "cuda" else []  # without GPUs, one memory
     kept = predict.WIDTH[r.dtype] * r.persistent_elems if "params" in on_host else 0  # persistent stay on the GPU
     r.predicted_model_state_bytes = sum(v for k, v in r.predicted_breakdown.items() if k not in on_host) + kept
     r.predicted_host_state_bytes = sum(v for k, v in r.predicted_breakdown.items() if k in on_host) - kept
     r.deepspeed_estimate = predict.deepspeed_estimate(r.stage, r.params_total, r.largest_param_elems,
-                                                      r.ranks_per_node, r.world_size // r.ranks_per_node, r.offload)
+                                                      r.ranks_per_node, r.world_size // r.ranks_per_node,
+                                                      r.offload) if r.engine == "deepspeed" else None
     flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
     r.activation_estimate_bytes = predict.activation_bytes(shape, r.dtype, r.micro_batch, r.seq, r.checkpoint,
                                                            flash, loss_chunk)
-    r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]))
+    r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]),
+                                                          r.engine)
     prefetch = predict.WIDTH[r.dtype] * prefetch_elems if r.stage == 3 else 0
     r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
                                                 prefetch, r.activation_estimate_bytes, r.step_transient_bytes)
@@ -183,7 +217,7 @@ def add_predictions(r, shape, loss_chunk, prefetch_elems):
 
 def add_shares(r):
     """What this rank holds of each kind of model state against what its stage promises."""
-    whole = predict.model_states(r.stage, r.dtype, r.params_total, r.params_total)
+    whole = predict.model_states(r.stage, r.dtype, r.params_total, r.params_total, engine=r.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
     r.promised_fraction = predict.shares(r.predicted_breakdown, whole)
     straddling = 2 * r.largest_param_elems / r.params_total
@@ -196,6 +230,7 @@ def assemble(run, m, shape, loss_chunk, prefetch_elems, memory_now):
     memory_now the memory snapshot at the end."""
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
                gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
+               link_busbw=m.link_busbw,
                **(m.shards or {}))
     snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
     for key in PEAK_KEYS:

@@ -29,10 +29,11 @@ import torch.utils.checkpoint
 from deepspeed import comm as dist
 from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS, DeepSpeedConfig
 
+import fsdp2
 import machine
 import options
 import record
-from accounting import measure, predict
+from accounting import comms, measure, predict
 from formatting import EXIT, START, log, phase, rank_table
 
 HERE = Path(__file__).resolve().parent
@@ -181,12 +182,7 @@ def load_tokens(path, vocab, seq):
         stdlib = Path(sysconfig.get_paths()["stdlib"])
         tokens = np.frombuffer(b"".join(f.read_bytes() for f in sorted(stdlib.glob("*.py"))), dtype=np.uint8)
     else:
-        if not path.is_file():
-            raise options.BadInput(f"--data {path}: {'not a file' if path.exists() else 'no such file'}")
-        if not os.access(path, os.R_OK):
-            raise options.BadInput(f"--data {path}: cannot be read: permission denied")
-        if path.stat().st_size % 2:
-            raise options.BadInput(f"--data {path}: not a flat uint16 token file (odd size)")
+        options.check_token_file(path)
         tokens = np.memmap(path, dtype=np.uint16, mode="r") if path.stat().st_size else np.zeros(0, np.uint16)
     if len(tokens) < seq + 1:
         raise options.BadInput(f"the data has {len(tokens)} tokens, fewer than one row of {seq} + 1")
@@ -254,6 +250,7 @@ def init_distributed(timeout_s):
     else:
         device, ranks_per_gpu, gpus, backend = torch.device("cpu"), 1, world, "gloo"
         torch.set_num_threads(max(1, os.cpu_count() // local_size))
+    comms.count_collectives()
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     watch = torch.distributed.new_group(backend="gloo")  # a timed-out group has closed its links to the silent rank
     return device, {"ranks_per_node": local_size, "ranks_per_gpu": ranks_per_gpu, "gpus": gpus,
@@ -265,7 +262,8 @@ def build_model(args, config, device):
     parameter is partitioned as soon as its module exists and no rank ever holds the whole model."""
     torch.manual_seed(args.seed)
     torch.set_default_dtype(DTYPES[args.dtype])  # zero.Init creates this dtype too: the same init values
-    place = deepspeed.zero.Init(config_dict_or_path=config) if args.stage == 3 else torch.device(device)
+    zero3 = args.stage == 3 and args.engine == "deepspeed"
+    place = deepspeed.zero.Init(config_dict_or_path=config) if zero3 else torch.device(device)
     with place:
         model = GPT(PRESETS[args.model], checkpoint=args.checkpoint)
     torch.set_default_dtype(torch.float32)
@@ -284,22 +282,23 @@ def adamw(model, lr):
 
 
 def forget_priming_step(optimizer):
-    """Without ZeRO, DeepSpeed's 16-bit optimizers (FP16_UnfusedOptimizer for bf16, FP16_Optimizer) create
-    Adam's state with one step on zero gradients, and ZeRO's do not. Adam then counts that step: the first
-    real update took the bias correction of a second one, 0.73 of its size with betas (0.9, 0.95), and
-    stage 0 trained on another schedule than stages 1 to 3. Built at learning rate 0, the step moved no
-    weight; its state is dropped so that Adam starts afresh."""
+    """Without ZeRO, DeepSpeed's 16-bit optimizers create Adam's state with one step on zero gradients, which
+    Adam counts: the first real update took a second step's bias correction (0.73 of its size), unlike
+    stages 1 to 3. Built at rate 0, that step moved no weight; its state is dropped so that Adam starts afresh."""
     optimizer.state.clear()
     for group in optimizer.param_groups:
         group.pop("step", None)  # DeepSpeed's FusedAdam counts per group
 
 
 def build_engine(model, args, config):
-    """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW."""
+    """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW; or FSDP2."""
+    if args.engine == "fsdp2":
+        model = fsdp2.shard(model, DTYPES[args.dtype], args.compile)
+        return fsdp2.Engine(model, adamw(model, learning_rate(0, args)), config.get("gradient_clipping", 0))
     optimizer = None if "optimizer" in config else adamw(model, learning_rate(0, args))
-    # ZeRO-3 gathers a whole block's parameters at once, rather than each Linear's: fewer hooks and
-    # collectives, 1.3x faster on one H200 at micro batch 2, at the cost of one block (~100 MB) in flight
-    if args.stage == 3:
+    # ZeRO-3 gathers a whole block at once, not each Linear: 1.3x faster on one H200 at micro batch 2, for one
+    # block (~100 MB) in flight. DeepCompile gathers in its own graph, which a leaf module's hooks would break.
+    if args.stage == 3 and not config.get("compile", {}).get("deepcompile"):
         deepspeed.utils.set_z3_leaf_modules(model, [Block])
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=model.parameters(),
                                       config=config)
@@ -315,8 +314,9 @@ def build_engine(model, args, config):
 
 
 def train(engine, args, device, rank, facts, m):
-    """Run the steps, recording loss, rate, time and peak memory of each into m.steps, and count the model
-    states in the last step: after backward, and after the optimizer step (outside the timed region)."""
+    """Run the steps, recording loss, rate, time, peak memory and the bytes of each kind of collective of each
+    into m.steps, and count the model states in the last step: after backward, and after the optimizer step
+    (outside the timed region). From 3 steps on, the last runs under the profiler, which times NCCL's kernels."""
     world = facts["world_size"]
     tokens_per_step = world * args.micro_batch * args.seq
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -324,29 +324,30 @@ def train(engine, args, device, rank, facts, m):
         x, y = get_batch(args.tokens, args.seed, step, rank, args.micro_batch, world, args.seq, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        sync()
-        t0 = time.perf_counter()
-        loss = engine(x, y)
-        engine.backward(loss)
-        sync()
-        elapsed = time.perf_counter() - t0
         last = step == args.steps
-        counted = measure.model_states_now(engine, device, args.offload) if last else None
-        if engine.lr_scheduler is None:  # a config's own scheduler sets the rate instead
-            for group in engine.optimizer.param_groups:
-                group["lr"] = learning_rate(step, args)
-        sync()
-        t0 = time.perf_counter()
-        engine.step()
-        dist.all_reduce(loss := loss.detach().float())  # the loss of the global batch
-        sync()
-        elapsed += time.perf_counter() - t0
+        with comms.step(device, profiled=last and step >= 3) as comm:
+            sync()
+            t0 = time.perf_counter()
+            loss = engine(x, y)
+            engine.backward(loss)
+            sync()
+            elapsed = time.perf_counter() - t0
+            counted = measure.model_states_now(engine, device, args.offload) if last else None
+            if engine.lr_scheduler is None:  # a config's own scheduler sets the rate instead
+                for group in engine.optimizer.param_groups:
+                    group["lr"] = learning_rate(step, args)
+            sync()
+            t0 = time.perf_counter()
+            engine.step()
+            dist.all_reduce(loss := loss.detach().float())  # the loss of the global batch
+            sync()
+            elapsed += time.perf_counter() - t0
         if last:
             m.census, m.host_census = (measure.combined(a, b) if a else None
                                        for a, b in zip(counted, measure.model_states_now(engine, device, args.offload)))
             m.gathered_tensors = measure.gathered_tensors(engine.module)
         s = {"step": step, "loss": loss.item() / world, "lr": engine.get_lr()[0], "time_s": elapsed,
-             **measure.memory_snapshot(device)}
+             **measure.memory_snapshot(device), **comm}
         m.steps.append(s)
         tflops = m.flops_per_token * tokens_per_step / elapsed / facts["gpus"] / 1e12
         log(rank, record.step_line(s, args.steps, tokens_per_step, tflops, m.peak_tflops))
@@ -361,7 +362,8 @@ def run(args, config, facts, m):
     measured) as it goes; a collective that times out names the ranks that stopped answering."""
     with phase(facts["rank"], "starting the process group"):
         device, placement, watch = init_distributed(args.timeout_s)
-    facts.update(placement, env=machine.environment(device))
+    facts.update(placement, env=machine.environment(device),
+                 link_bytes_per_s=machine.link_bandwidth(device, placement, facts["world_size"]))
     try:
         build_and_train(args, config, facts, m, device)
     except RuntimeError as e:
@@ -386,12 +388,13 @@ def build_and_train(args, config, facts, m, device):
     m.optimizer, m.ready_s = measure.optimizer_name(engine), time.perf_counter() - START
     m.memory_at_start = measure.memory_snapshot(device)
     log(rank, f"ready to train; optimizer {m.optimizer}")
-    m.shards = measure.shard_report(engine.module, facts["world_size"])
+    m.shards = measure.shard_report(engine.module, facts["world_size"], rank)
     m.weights_checksum = measure.weights_checksum(engine.module, rank, device)
     log(rank, f"{m.shards['params_total']:,} parameters in {m.shards['param_tensors']} tensors")
     m.flops_per_token = engine.module.flops_per_token(m.shards["params_total"], args.seq)
     m.peak_tflops = machine.peak_tflops(device, args.dtype)
     train(engine, args, device, rank, facts, m)
+    m.link_busbw = comms.link_alone(device, facts)
 
 
 def main(argv=None):
@@ -408,7 +411,7 @@ def main(argv=None):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log(rank, how)
     args.offload = options.offload_devices(config)
-    facts = {"stage": args.stage, "rank": rank, "world_size": world, "model": args.model, "config": str(args.config),
+    facts = {"stage": args.stage, "engine": args.engine, "rank": rank, "world_size": world, "model": args.model, "config": str(args.config),
              **{k: getattr(args, k) for k in ("dtype", "micro_batch", "seq", "lr", "warmup", "seed", "checkpoint",
                                               "compile", "max_mem_gib", "timeout_s", "offload")},
              "launcher": launcher, "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}

@@ -1,6 +1,7 @@
 """
 What one rank holds, measured on the tensors themselves: what ZeRO partitioned, read from DeepSpeed's own
-attributes, and a census of the live tensors sorted into the kinds of model state.
+attributes (or, under FSDP2, from the DTensor shards), and a census of the live tensors sorted into the kinds
+of model state.
 """
 import gc
 import math
@@ -11,36 +12,63 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.runtime.zero.utils import is_zero_param
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Shard
 
 from accounting import predict
 
 
+def local(t):
+    """The part of a tensor that this rank holds: an FSDP2 DTensor's local shard, or the tensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def full_numel(p):
-    """A partitioned parameter's numel() is 0; ds_numel is its full size."""
+    """A partitioned parameter's numel() is 0; ds_numel is its full size. A DTensor's numel is its full size."""
     return p.ds_numel if is_zero_param(p) else p.numel()
 
 
-def shard_report(model, world):
-    """Count what ZeRO-3 partitioned: a partitioned parameter has ds_numel (its full size) and ds_tensor
-    (this rank's shard, ceil(numel / G) elements); a persistent one (ds_persist) also stays whole on every
-    rank."""
+def sharded(p):
+    return is_zero_param(p) or isinstance(p, DTensor) and any(isinstance(x, Shard) for x in p.placements)
+
+
+def fsdp2_rows(p, rank):
+    """The rows of dim 0 that FSDP2 gives a rank, as torch.chunk does: ceil(rows / G) each, the last ones
+    fewer or none."""
+    per_rank = math.ceil(p.shape[0] / p.device_mesh.size())
+    return max(0, min(per_rank, p.shape[0] - rank * per_rank)), per_rank
+
+
+def shard_ok(p, world, rank):
+    """ZeRO-3's shard is ceil(numel / G) elements (padded); FSDP2's is this rank's chunk of dim 0."""
+    if is_zero_param(p):
+        return p.ds_tensor.numel() == math.ceil(p.ds_numel / world)
+    return local(p).shape[0] == fsdp2_rows(p, rank)[0] and local(p).shape[1:] == p.shape[1:]
+
+
+def shard_report(model, world, rank):
+    """Count what ZeRO-3 or FSDP2 partitioned: a partitioned ZeRO parameter has ds_numel (its full size) and
+    ds_tensor (this rank's shard, ceil(numel / G) elements); a persistent one (ds_persist) also stays whole
+    on every rank. An FSDP2 parameter is a DTensor sharded on dim 0."""
     params = list(model.parameters())
-    zero = [p for p in params if is_zero_param(p)]
+    parts = [p for p in params if sharded(p)]
     return {
         "param_tensors": len(params),
-        "partitioned_tensors": len(zero),
-        "persistent_tensors": sum(bool(p.ds_persist) for p in zero),
+        "partitioned_tensors": len(parts),
+        "persistent_tensors": sum(bool(getattr(p, "ds_persist", False)) for p in parts),
         "params_total": sum(map(full_numel, params)),
-        "local_param_elems": sum(p.ds_tensor.numel() if is_zero_param(p) else p.numel() for p in params),
-        "persistent_elems": sum(p.ds_numel for p in zero if p.ds_persist),
+        "local_param_elems": sum(p.ds_tensor.numel() if is_zero_param(p) else local(p).numel() for p in params),
+        "persistent_elems": sum(p.ds_numel for p in parts if getattr(p, "ds_persist", False)),
         "largest_param_elems": max(map(full_numel, params)),
-        "shard_check_ok": all(p.ds_tensor.numel() == math.ceil(p.ds_numel / world) for p in zero),
+        "shard_check_ok": all(shard_ok(p, world, rank) for p in parts),
     }
 
 
 def owned_values(p, rank):
     """The elements of p that this rank owns, and the place of the first in the whole tensor: all of an
     unpartitioned tensor, or this rank's shard without its padding."""
+    if isinstance(p, DTensor):
+        return local(p).flatten(), rank * fsdp2_rows(p, rank)[1] * (p.numel() // max(p.shape[0], 1))
     if not is_zero_param(p):
         return p.data.flatten(), 0
     shard = p.ds_tensor.numel()
@@ -59,7 +87,7 @@ def weights_checksum(model, rank, device):
             part = values[i: i + chunk].double()
             place = torch.arange(first + i, first + i + part.numel(), dtype=torch.float64, device=part.device)
             total += t * (part * (place % 997 + 1)).sum()
-    if any(is_zero_param(p) for p in model.parameters()):
+    if any(map(sharded, model.parameters())):
         dist.all_reduce(total)
     return total.item()
 
@@ -96,11 +124,11 @@ def census(engine, device_type):
     params = list(engine.module.parameters())
     opt = engine.basic_optimizer
     owners = {
-        "params": [t for p in params for t in (p.data, getattr(p, "ds_tensor", None))],
-        "grads": [p.grad for p in params] + partitioned_gradients(engine.optimizer),
+        "params": [t for p in params for t in (local(p.data), getattr(p, "ds_tensor", None))],
+        "grads": [local(p.grad) for p in params if p.grad is not None] + partitioned_gradients(engine.optimizer),
         # the optimizer's own parameters; ZeRO-3 lends them to its param_groups only during step()
-        "master": [p for group in opt.param_groups for p in group["params"]] + list(opt.state),
-        "moments": [t for state in opt.state.values() for t in state.values()],
+        "master": [local(p) for group in opt.param_groups for p in group["params"]] + list(map(local, opt.state)),
+        "moments": [local(t) for state in opt.state.values() for t in state.values()],
     }
     gc.collect()
     with warnings.catch_warnings():  # looking at every object touches deprecated torch attributes
@@ -123,7 +151,10 @@ def combined(after_backward, after_step):
 
 
 def gathered_tensors(model):
-    """Partitioned, not persistent, and yet whole on this rank right now."""
+    """Partitioned, not persistent, and yet whole on this rank right now; FSDP2 puts plain tensors in the
+    place of its DTensors while it holds them whole."""
+    if isinstance(model, FSDPModule):
+        return sum(1 for p in model.parameters() if not isinstance(p, DTensor))
     return sum(1 for p in model.parameters() if is_zero_param(p) and not p.ds_persist and p.numel() > 0)
 
 

@@ -21,16 +21,20 @@ def partitioned(stage, kind):
     return PARTITIONED_AS[kind] in PARTITIONS[stage]
 
 
-def model_states(stage, dtype, full, shard, persistent=0):
+def model_states(stage, dtype, full, shard, persistent=0, engine="deepspeed"):
     """The paper's model states of one rank by kind, for mixed-precision Adam: 16-bit weights and gradients
     (2 + 2 bytes per parameter) and K = 12 for fp32 master weights, momentum and variance, each whole or
     partitioned as PARTITIONS says. full: the model's parameters; shard: this rank's partition; persistent:
     elements that stage 3 keeps whole besides. In fp32, stage 0 steps the weights themselves, but ZeRO's
     optimizers keep an fp32 copy anyway (at stage 3, stage3.py compares a tensor's device with a string, so
-    it never reuses the weights): 4 more bytes per partition element."""
+    it never reuses the weights): 4 more bytes per partition element. FSDP2 (engine "fsdp2") keeps the fp32
+    weights themselves and fp32 gradients, sharded, and makes the 16-bit weights only for compute: the same
+    16 bytes per element, as 4 + 4 + 0 + 8."""
     width = WIDTH[dtype]
     per_element = {"params": width, "grads": width, "moments": ADAM_BYTES,
                    "master": MASTER_BYTES if width < 4 or stage > 0 else 0}
+    if engine == "fsdp2":
+        per_element.update(params=MASTER_BYTES, grads=MASTER_BYTES, master=0)
     held = {kind: shard if partitioned(stage, kind) else full for kind in KINDS}
     held["params"] += persistent if stage == 3 else 0
     return {kind: per_element[kind] * held[kind] for kind in KINDS}
@@ -81,11 +85,12 @@ def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chu
     return blocks + (3 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
 
 
-def step_transient_bytes(stage, dtype, shard, optimizer_offloaded):
+def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed"):
     """The fp32 gradients that the optimizer step makes, on the device unless the optimizer runs on the host:
-    from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32 steps on the
-    gradients themselves."""
-    return 0 if optimizer_offloaded or (stage == 0 and WIDTH[dtype] == 4) else MASTER_BYTES * shard
+    from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32, and FSDP2,
+    step on the gradients themselves."""
+    steps_on_grads = engine == "fsdp2" or (stage == 0 and WIDTH[dtype] == 4)
+    return 0 if optimizer_offloaded or steps_on_grads else MASTER_BYTES * shard
 
 
 def peak_bytes(states, other, prefetch, activations, transient):
@@ -113,6 +118,30 @@ def holds_as_promised(held, promised, stage, straddling, tolerance):
              for group in held}
     return all(held[g] <= promised[g] + slack[g] and (g not in PARTITIONS[stage] or held[g] >= promised[g] - slack[g])
                for g in held)
+
+
+def comm_volume(stage, world):
+    """The ZeRO paper's communication per step and rank (section 7), in units of the parameters: an all-reduce
+    of the gradients (a reduce-scatter and an all-gather) moves 2 at stages 0 to 2; stage 3 all-gathers the
+    parameters in forward and again in backward, and reduce-scatters the gradients: 3. FSDP2 does as stage 3."""
+    return 0 if world == 1 else 3 if stage == 3 else 2
+
+
+def volume(counts, params):
+    """Measured communication in the paper's units: elements all-gathered and reduce-scattered, and twice
+    those all-reduced, over the parameters."""
+    return (counts["all_gather"]["elems"] + counts["reduce_scatter"]["elems"]
+            + 2 * counts["all_reduce"]["elems"]) / params
+
+
+BUS_FACTOR = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+              "all_reduce": lambda n: 2 * (n - 1) / n}
+
+
+def bus_bandwidth(kind, nbytes, seconds, ranks):
+    """nccl-tests' bus bandwidth in bytes per second: the algorithm's (size over time) times what each rank
+    must send of it, so that it is comparable with the link's bandwidth whatever the number of ranks."""
+    return nbytes / seconds * BUS_FACTOR[kind](ranks)
 
 
 def flops_per_token(params, layers, d_model, seq):

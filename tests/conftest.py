@@ -123,6 +123,12 @@ def other_stages(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fsdp2_peer(tmp_path_factory):
+    """`bash run.sh --stages 3 --peer fsdp2`: stage 3, then the same training through PyTorch's FSDP2."""
+    return run_sh_once(tmp_path_factory, "peer", "--stages", "3", "--peer", "fsdp2")
+
+
+@pytest.fixture(scope="session")
 def memory_cap(tmp_path_factory):
     """`bash run.sh --model small --max-mem-gib 1.75 --stages "0 3"`: a 101M-parameter model that, under the
     cap, only stage 3 can train on 2 CPU ranks (it needs 1.35-1.5 GiB, stage 0 2.0-2.1: benchmarks/cpu-cap).

@@ -64,7 +64,7 @@ def test_offloading_the_optimizer_moves_its_gradients_weights_and_moments_to_the
 
 def facts(stage, world=G, offload=None, mem_kind="cuda"):
     """A made-up run's facts, as train_gpt.py's main() gathers them."""
-    return dict(stage=stage, rank=0, world_size=world, model="1.3b", config="c.json", dtype="bf16", micro_batch=2,
+    return dict(stage=stage, engine="deepspeed", rank=0, world_size=world, model="1.3b", config="c.json", dtype="bf16", micro_batch=2,
                 seq=1024, lr=1e-5, warmup=2, seed=0, checkpoint=False, compile=False, max_mem_gib=None, timeout_s=120,
                 offload=offload or {"optimizer": None, "param": None}, launcher="test", mem_kind=mem_kind, gpus=world,
                 ranks_per_node=world)
@@ -243,3 +243,24 @@ def test_the_learning_rate_warms_up_linearly_from_zero_to_lr():
     args = Namespace(lr=1e-5, warmup=2)
     assert [t.learning_rate(step, args) for step in range(5)] == [0, 5e-6, 1e-5, 1e-5, 1e-5]
     assert t.learning_rate(1, Namespace(lr=1e-5, warmup=0)) == 1e-5
+
+
+def test_fsdp2_keeps_fp32_weights_and_gradients_and_no_master_copy():
+    assert predict.model_states(3, "bf16", PSI, PSI // G, engine="fsdp2") == {
+        "params": 4 * (PSI // G), "grads": 4 * (PSI // G), "master": 0, "moments": 8 * (PSI // G)}
+    assert predict.step_transient_bytes(3, "bf16", PSI // G, False, "fsdp2") == 0
+
+
+def test_speed_leaves_out_the_first_step_and_the_profiled_one():
+    r = rank(3)
+    r.steps = [{"time_s": t, "comm_s": profiled} for t, profiled in
+               [(9.0, None), (1.0, None), (3.0, None), (8.0, {"all_gather": 0.1})]]
+    assert r.step_time_s == 2.0
+
+
+def test_bus_bandwidth_of_a_run_comes_from_the_profiled_steps_kernels():
+    r = rank(3, world=2)
+    comm = {kind: {"bytes": 1e9, "elems": 5e8, "calls": 1} for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+    r.steps = [{"time_s": 1.0, "comm": comm, "comm_s": {"all_gather": 0.01, "reduce_scatter": 0.02, "all_reduce": None}}]
+    assert r.busbw == {"all_gather": pytest.approx(50e9), "reduce_scatter": pytest.approx(25e9), "all_reduce": None}
+    assert r.comm_volume == pytest.approx(4 * 5e8 / PSI)

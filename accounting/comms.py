@@ -1,0 +1,128 @@
+"""
+The communication of one rank, measured per step: the bytes that it all-gathers, reduce-scatters and
+all-reduces, counted where DeepSpeed and FSDP2 alike call torch.distributed, and on GPUs the time that NCCL's
+kernels took, from the profiler. Sizes follow nccl-tests: an all-gather's size is its gathered output, a
+reduce-scatter's its whole input, an all-reduce's its buffer.
+"""
+import contextlib
+import functools
+import inspect
+import threading
+import time
+
+import torch
+import torch.distributed
+
+from accounting import predict
+
+# torch.distributed's collectives by the kind of collective they are, and the argument that holds their size;
+# torch 2.14 renamed the two single-tensor ones, and FSDP2 calls the new names
+SIZED_BY = {"all_gather_into_tensor": ("all_gather", "output_tensor"),
+            "all_gather_single": ("all_gather", "output_tensor"),
+            "_all_gather_base": ("all_gather", "output_tensor"),
+            "all_gather": ("all_gather", "tensor_list"),
+            "reduce_scatter_tensor": ("reduce_scatter", "input"),
+            "reduce_scatter_single": ("reduce_scatter", "input"),
+            "_reduce_scatter_base": ("reduce_scatter", "input"),
+            "reduce_scatter": ("reduce_scatter", "input_list"),
+            "all_reduce": ("all_reduce", "tensor"),
+            "all_reduce_coalesced": ("all_reduce", "tensors")}
+KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+# NCCL's kernels are named for their collective: ncclDevKernel_AllGather_RING_LL, ...
+KERNELS = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduce": "AllReduce"}
+
+
+class Counter:
+    """Bytes and elements per kind of collective since the last take()."""
+
+    def __init__(self):
+        self.inside = threading.local()  # a collective that calls another is counted once
+        self.take()
+
+    def add(self, kind, tensors):
+        tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
+        self.counts[kind]["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+        self.counts[kind]["elems"] += sum(t.numel() for t in tensors)
+        self.counts[kind]["calls"] += 1
+
+    def take(self):
+        """What was counted since the last take, and start again."""
+        taken = getattr(self, "counts", None)
+        self.counts = {kind: {"bytes": 0, "elems": 0, "calls": 0} for kind in KINDS}
+        return taken
+
+
+COUNTER = Counter()
+
+
+def counted(name, op):
+    kind, argument = SIZED_BY[name]
+    signature = inspect.signature(op)
+
+    @functools.wraps(op)
+    def collective(*args, **kwargs):
+        if getattr(COUNTER.inside, "depth", 0) == 0:
+            COUNTER.add(kind, signature.bind(*args, **kwargs).arguments[argument])
+        COUNTER.inside.depth = getattr(COUNTER.inside, "depth", 0) + 1
+        try:
+            return op(*args, **kwargs)
+        finally:
+            COUNTER.inside.depth -= 1
+    collective.counted = True
+    return collective
+
+
+def count_collectives():
+    """Count every collective from now on. Before the process group starts: DeepSpeed keeps its own
+    references to two of these functions from then on."""
+    for module in (torch.distributed, torch.distributed.distributed_c10d):
+        for name in SIZED_BY:
+            op = getattr(module, name, None)
+            if op is not None and not getattr(op, "counted", False):
+                setattr(module, name, counted(name, op))
+
+
+def profiler(device):
+    """A profiler of the GPU's kernels, or None where there are no NCCL kernels to time."""
+    if device.type != "cuda":
+        return None
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                              torch.profiler.ProfilerActivity.CUDA])
+
+
+def kernel_seconds(prof):
+    """Seconds that NCCL's kernels of each kind ran in a profiled step; None for a kind that none ran."""
+    totals = dict.fromkeys(KINDS, 0.0)
+    for event in prof.key_averages():
+        for kind, word in KERNELS.items():
+            if event.key.startswith("nccl") and word in event.key:
+                totals[kind] += getattr(event, "self_device_time_total", 0) / 1e6
+    return {kind: seconds or None for kind, seconds in totals.items()}
+
+
+@contextlib.contextmanager
+def step(device, profiled):
+    """Counts the collectives of one training step into the dict it yields, as "comm", and where profiled on a
+    GPU, times NCCL's kernels, as "comm_s"."""
+    found, prof = {}, profiler(device) if profiled else None
+    COUNTER.take()
+    with prof or contextlib.nullcontext():
+        yield found
+    found.update(comm=COUNTER.take(), comm_s=kernel_seconds(prof) if prof else None)
+
+
+def link_alone(device, placement, nbytes=1 << 28, repeats=5):
+    """The bus bandwidth of an all-gather of nbytes with nothing else running, as nccl-tests measures it, in
+    bytes per second: what the link gives this run's collectives at best. None without NCCL between GPUs."""
+    world = torch.distributed.get_world_size()
+    if device.type != "cuda" or placement["rehearsal"] or world < 2:
+        return None
+    gathered = torch.empty(nbytes // 2 // world * world, dtype=torch.bfloat16, device=device)
+    mine = gathered.chunk(world)[torch.distributed.get_rank()].clone()
+    for timed in (False, True):  # the first round sets up NCCL's buffers for this size
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.distributed.all_gather_into_tensor(gathered, mine)
+        torch.cuda.synchronize()
+    return predict.bus_bandwidth("all_gather", gathered.numel() * 2, (time.perf_counter() - start) / repeats, world)

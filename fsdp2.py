@@ -1,0 +1,45 @@
+"""
+PyTorch FSDP2 (fully_shard) as ZeRO-3's peer: train_gpt.py trains the same model on the same data with the
+same precision, recipe, micro batch and checkpointing, through the few calls of DeepSpeed's engine that its
+training loop makes.
+"""
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def shard(model, dtype, compile_blocks):
+    """fully_shard each block, then the rest, as torchtitan does. The weights stay in fp32 and sharded; a
+    block is gathered in the training dtype for its forward and again for its backward, and its gradients are
+    reduce-scattered in that dtype, as ZeRO-3 does. The model comes built in the training dtype, so its
+    weights start where ZeRO's fp32 master weights do."""
+    model.float()
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+    for block in model.blocks:
+        if compile_blocks:
+            block.compile()
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+class Engine:
+    """FSDP2 behind the calls of DeepSpeed's engine that train_gpt.train() makes."""
+    lr_scheduler = None
+
+    def __init__(self, module, optimizer, clipping):
+        self.module, self.optimizer, self.basic_optimizer, self.clipping = module, optimizer, optimizer, clipping
+
+    def __call__(self, *inputs):
+        return self.module(*inputs)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        if self.clipping:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clipping)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def get_lr(self):
+        return [group["lr"] for group in self.optimizer.param_groups]
