@@ -248,9 +248,13 @@ def fsdp2_can_run(config, args, section, where):
     """FSDP2 stands beside ZeRO-3 as it runs on the device: torch's AdamW, bf16 or fp32, no offload."""
     if args.stage != 3:
         raise BadInput(f"--engine fsdp2 is ZeRO-3's peer and reads a stage-3 config, not stage {args.stage}")
-    if section or any(offload_devices(config).values()):
-        raise BadInput(f"--engine fsdp2 trains with torch's AdamW on the device; config{where} has "
-                       + ("an optimizer section" if section else "offload"))
+    found = {"an optimizer section": section, "offload": any(offload_devices(config).values()),
+             "a scheduler": "scheduler" in config,
+             "DeepCompile": field(config, "compile.deepcompile", (bool,), False, where)}
+    extra = [name for name, there in found.items() if there]
+    if extra:
+        raise BadInput(f"--engine fsdp2 trains with torch's AdamW on the device, at the benchmark's rate; "
+                       f"config{where} has {' and '.join(extra)}")
     if args.dtype == "fp16":
         raise BadInput("--engine fsdp2 runs bf16 or fp32: fp16 would need a loss scaler that ZeRO's is not")
 

@@ -13,6 +13,9 @@ from accounting import explain, predict
 from formatting import fmt, gib, pct, relative_error, size
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
+# Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
+# Their kernels are also counted where the wrapper does not see them (DTensor's norm in FSDP2's clipping).
+BUSBW_MIN_BYTES = 1 << 20
 
 
 def states(breakdown):
@@ -158,8 +161,8 @@ class Record:
         seconds = self.steps[-1].get("comm_s") if self.steps else None
         if not seconds:
             return None
-        return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size) if t else None
-                for kind, t in seconds.items()}
+        return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
+                if t and self.comm_bytes[kind] >= BUSBW_MIN_BYTES else None for kind, t in seconds.items()}
 
     @property
     def tokens_per_s(self) -> float:

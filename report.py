@@ -334,7 +334,8 @@ def peer_lines(runs):
             continue
         zero3 = stage3.get(rs[0]["world_size"])
         if failed(rs) or not zero3 or failed(zero3):
-            lines.append(f"stage 3 against {name}: {name} {status(rs)}, stage 3 {status(zero3) if zero3 else 'not run'}")
+            other = status(zero3) if zero3 else "not run"
+            lines.append(f"stage 3 against {name}: {name} {status(rs)}, stage 3 {other}")
             continue
         a, b = zero3[0], rs[0]
         volume = (f", communication {a['comm_volume']:.2f} against {b['comm_volume']:.2f} x the parameters per step"

@@ -21,16 +21,17 @@ while [ $# -gt 0 ]; do
     --ranks=*) ranks=${1#*=}; shift ;;
     --stages) stages=$2; shift 2 ;;
     --stages=*) stages=${1#*=}; shift ;;
-    --peer) peer=$2; shift 2 ;;
-    --peer=*) peer=${1#*=}; shift ;;
+    --peer) peer=$2 asked_peer=1; shift 2 ;;
+    --peer=*) peer=${1#*=} asked_peer=1; shift ;;
     --stage | --stage=* | --config*) bad "$1 is run.sh's to set; use --stages \"0 3\"" ;;
+    --engine*) bad "$1 is run.sh's to set; use --peer fsdp2" ;;
     --check*) bad "run.sh checks every input before it launches; $1 is not needed" ;;
     *) args+=("$1"); shift ;;
   esac
 done
 for n in $ranks; do [[ $n =~ ^[1-9][0-9]*$ ]] || bad "--ranks takes positive whole numbers, not '$n'"; done
 [ -n "${stages// }" ] || bad "--stages is empty"
-[[ $peer =~ ^(fsdp2)?$ ]] || bad "--peer takes fsdp2, not '$peer'"
+[ -z "${asked_peer:-}" ] || [ "$peer" = fsdp2 ] || bad "--peer takes fsdp2, not '$peer'"
 for stage in $stages; do  # a number, or the rest of a config's name: 3_offload is ds_config_stage3_offload.json
   [ -f "ds_config_stage$stage.json" ] || bad "no config for stage '$stage'; there are: $(ls ds_config_stage*.json |
     sed 's/ds_config_stage\(.*\)\.json/\1/' | paste -sd ' ')"

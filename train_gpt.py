@@ -258,8 +258,8 @@ def init_distributed(timeout_s):
 
 
 def build_model(args, config, device):
-    """Build the model on the device in the training dtype. At stage 3 inside zero.Init, so that each
-    parameter is partitioned as soon as its module exists and no rank ever holds the whole model."""
+    """Build the model on the device in the training dtype: at stage 3 inside zero.Init, which partitions each
+    parameter as its module is built, so no rank ever holds the whole model; FSDP2 shards it once it is whole."""
     torch.manual_seed(args.seed)
     torch.set_default_dtype(DTYPES[args.dtype])  # zero.Init creates this dtype too: the same init values
     zero3 = args.stage == 3 and args.engine == "deepspeed"
@@ -388,13 +388,13 @@ def build_and_train(args, config, facts, m, device):
     m.optimizer, m.ready_s = measure.optimizer_name(engine), time.perf_counter() - START
     m.memory_at_start = measure.memory_snapshot(device)
     log(rank, f"ready to train; optimizer {m.optimizer}")
-    m.shards = measure.shard_report(engine.module, facts["world_size"], rank)
+    m.shards = measure.shard_report(engine.module, facts["world_size"])
     m.weights_checksum = measure.weights_checksum(engine.module, rank, device)
     log(rank, f"{m.shards['params_total']:,} parameters in {m.shards['param_tensors']} tensors")
     m.flops_per_token = engine.module.flops_per_token(m.shards["params_total"], args.seq)
     m.peak_tflops = machine.peak_tflops(device, args.dtype)
     train(engine, args, device, rank, facts, m)
-    m.link_busbw = comms.link_alone(device, facts)
+    m.link_busbw = comms.link_alone(device, facts)  # after the last step's memory is recorded
 
 
 def main(argv=None):
@@ -411,9 +411,9 @@ def main(argv=None):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log(rank, how)
     args.offload = options.offload_devices(config)
-    facts = {"stage": args.stage, "engine": args.engine, "rank": rank, "world_size": world, "model": args.model, "config": str(args.config),
-             **{k: getattr(args, k) for k in ("dtype", "micro_batch", "seq", "lr", "warmup", "seed", "checkpoint",
-                                              "compile", "max_mem_gib", "timeout_s", "offload")},
+    facts = {"stage": args.stage, "rank": rank, "world_size": world, "model": args.model, "config": str(args.config),
+             **{k: getattr(args, k) for k in ("engine", "dtype", "micro_batch", "seq", "lr", "warmup", "seed",
+                                              "checkpoint", "compile", "max_mem_gib", "timeout_s", "offload")},
              "launcher": launcher, "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
     m, status, failure = record.Measured(), EXIT["done"], {}
     try:

@@ -87,7 +87,7 @@ def profiler(device):
     if device.type != "cuda":
         return None
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                              torch.profiler.ProfilerActivity.CUDA])
+                                              torch.profiler.ProfilerActivity.CUDA], acc_events=True)
 
 
 def kernel_seconds(prof):
@@ -111,18 +111,26 @@ def step(device, profiled):
     found.update(comm=COUNTER.take(), comm_s=kernel_seconds(prof) if prof else None)
 
 
-def link_alone(device, placement, nbytes=1 << 28, repeats=5):
+def link_alone(device, facts, nbytes=1 << 28, repeats=5):
     """The bus bandwidth of an all-gather of nbytes with nothing else running, as nccl-tests measures it, in
-    bytes per second: what the link gives this run's collectives at best. None without NCCL between GPUs."""
+    bytes per second: about what the link gives collectives of this size. None without NCCL between GPUs,
+    under a memory cap, or where its 1.5 x nbytes do not fit; its memory is left out of the run's peak."""
     world = torch.distributed.get_world_size()
-    if device.type != "cuda" or placement["rehearsal"] or world < 2:
+    if device.type != "cuda" or facts["rehearsal"] or facts["max_mem_gib"] or world < 2:
         return None
-    gathered = torch.empty(nbytes // 2 // world * world, dtype=torch.bfloat16, device=device)
-    mine = gathered.chunk(world)[torch.distributed.get_rank()].clone()
-    for timed in (False, True):  # the first round sets up NCCL's buffers for this size
+    try:
+        gathered = torch.empty(nbytes // 2 // world * world, dtype=torch.bfloat16, device=device)
+        mine = gathered.chunk(world)[torch.distributed.get_rank()].clone()
+        torch.distributed.all_gather_into_tensor(gathered, mine)  # sets up NCCL's buffers for this size
         torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(repeats):
             torch.distributed.all_gather_into_tensor(gathered, mine)
         torch.cuda.synchronize()
-    return predict.bus_bandwidth("all_gather", gathered.numel() * 2, (time.perf_counter() - start) / repeats, world)
+        seconds = (time.perf_counter() - start) / repeats
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        gathered = mine = None
+        torch.cuda.reset_peak_memory_stats(device)
+    return predict.bus_bandwidth("all_gather", nbytes // 2 // world * world * 2, seconds, world)

@@ -29,24 +29,25 @@ def full_numel(p):
 
 
 def sharded(p):
-    return is_zero_param(p) or isinstance(p, DTensor) and any(isinstance(x, Shard) for x in p.placements)
+    """Partitioned by ZeRO, or a DTensor that FSDP2 sharded."""
+    return is_zero_param(p) or (isinstance(p, DTensor) and any(isinstance(x, Shard) for x in p.placements))
 
 
-def fsdp2_rows(p, rank):
-    """The rows of dim 0 that FSDP2 gives a rank, as torch.chunk does: ceil(rows / G) each, the last ones
-    fewer or none."""
+def fsdp2_rows(p):
+    """The rows of dim 0 that FSDP2 gives this rank of its mesh, as torch.chunk does: ceil(rows / G) each,
+    the last ones fewer or none; and ceil(rows / G)."""
     per_rank = math.ceil(p.shape[0] / p.device_mesh.size())
-    return max(0, min(per_rank, p.shape[0] - rank * per_rank)), per_rank
+    return max(0, min(per_rank, p.shape[0] - p.device_mesh.get_local_rank() * per_rank)), per_rank
 
 
-def shard_ok(p, world, rank):
+def shard_ok(p, world):
     """ZeRO-3's shard is ceil(numel / G) elements (padded); FSDP2's is this rank's chunk of dim 0."""
     if is_zero_param(p):
         return p.ds_tensor.numel() == math.ceil(p.ds_numel / world)
-    return local(p).shape[0] == fsdp2_rows(p, rank)[0] and local(p).shape[1:] == p.shape[1:]
+    return local(p).shape[0] == fsdp2_rows(p)[0] and local(p).shape[1:] == p.shape[1:]
 
 
-def shard_report(model, world, rank):
+def shard_report(model, world):
     """Count what ZeRO-3 or FSDP2 partitioned: a partitioned ZeRO parameter has ds_numel (its full size) and
     ds_tensor (this rank's shard, ceil(numel / G) elements); a persistent one (ds_persist) also stays whole
     on every rank. An FSDP2 parameter is a DTensor sharded on dim 0."""
@@ -60,7 +61,7 @@ def shard_report(model, world, rank):
         "local_param_elems": sum(p.ds_tensor.numel() if is_zero_param(p) else local(p).numel() for p in params),
         "persistent_elems": sum(p.ds_numel for p in parts if getattr(p, "ds_persist", False)),
         "largest_param_elems": max(map(full_numel, params)),
-        "shard_check_ok": all(shard_ok(p, world, rank) for p in parts),
+        "shard_check_ok": all(shard_ok(p, world) for p in parts),
     }
 
 
@@ -68,7 +69,8 @@ def owned_values(p, rank):
     """The elements of p that this rank owns, and the place of the first in the whole tensor: all of an
     unpartitioned tensor, or this rank's shard without its padding."""
     if isinstance(p, DTensor):
-        return local(p).flatten(), rank * fsdp2_rows(p, rank)[1] * (p.numel() // max(p.shape[0], 1))
+        first_row = p.device_mesh.get_local_rank() * fsdp2_rows(p)[1]
+        return local(p).flatten(), first_row * (p.numel() // max(p.shape[0], 1))
     if not is_zero_param(p):
         return p.data.flatten(), 0
     shard = p.ds_tensor.numel()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers, 8 steps each.
+# Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers: 8 steps in peer
+# and sweep, 12 in levers and final.
 #   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final
 # sweep: one stage-3 setting changed at a time from ds_config_stage3.json, at micro batch 16 without
 # checkpointing (the issue's setting), written as ds_config_stage3_<name>.json beside it for the run only.

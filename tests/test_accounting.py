@@ -64,9 +64,9 @@ def test_offloading_the_optimizer_moves_its_gradients_weights_and_moments_to_the
 
 def facts(stage, world=G, offload=None, mem_kind="cuda"):
     """A made-up run's facts, as train_gpt.py's main() gathers them."""
-    return dict(stage=stage, engine="deepspeed", rank=0, world_size=world, model="1.3b", config="c.json", dtype="bf16", micro_batch=2,
-                seq=1024, lr=1e-5, warmup=2, seed=0, checkpoint=False, compile=False, max_mem_gib=None, timeout_s=120,
-                offload=offload or {"optimizer": None, "param": None}, launcher="test", mem_kind=mem_kind, gpus=world,
+    return dict(stage=stage, engine="deepspeed", rank=0, world_size=world, model="1.3b", config="c.json", dtype="bf16",
+                micro_batch=2, seq=1024, lr=1e-5, warmup=2, seed=0, checkpoint=False, compile=False, max_mem_gib=None,
+                timeout_s=120, offload=offload or {"optimizer": None, "param": None}, launcher="test", mem_kind=mem_kind, gpus=world,
                 ranks_per_node=world)
 
 
@@ -261,6 +261,14 @@ def test_speed_leaves_out_the_first_step_and_the_profiled_one():
 def test_bus_bandwidth_of_a_run_comes_from_the_profiled_steps_kernels():
     r = rank(3, world=2)
     comm = {kind: {"bytes": 1e9, "elems": 5e8, "calls": 1} for kind in ("all_gather", "reduce_scatter", "all_reduce")}
-    r.steps = [{"time_s": 1.0, "comm": comm, "comm_s": {"all_gather": 0.01, "reduce_scatter": 0.02, "all_reduce": None}}]
+    seconds = {"all_gather": 0.01, "reduce_scatter": 0.02, "all_reduce": None}
+    r.steps = [{"time_s": 1.0, "comm": comm, "comm_s": seconds}]
     assert r.busbw == {"all_gather": pytest.approx(50e9), "reduce_scatter": pytest.approx(25e9), "all_reduce": None}
     assert r.comm_volume == pytest.approx(4 * 5e8 / PSI)
+
+
+def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
+    r = rank(3, world=2)
+    comm = {kind: {"bytes": 4, "elems": 1, "calls": 1} for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+    r.steps = [{"time_s": 1.0, "comm": comm, "comm_s": dict.fromkeys(comm, 1e-5)}]
+    assert r.busbw == dict.fromkeys(comm)

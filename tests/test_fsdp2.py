@@ -73,3 +73,12 @@ def test_run_sh_refuses_an_unknown_peer_in_one_line():
     assert proc.returncode == 2
     assert proc.stderr.strip() == "run.sh: error: --peer takes fsdp2, not 'ddp'"
     assert not (ROOT / "results").exists() or proc.stdout == ""
+
+
+@pytest.mark.parametrize("section, named", [({"scheduler": {"type": "WarmupLR"}}, "a scheduler"),
+                                            ({"compile": {"deepcompile": True}}, "DeepCompile")])
+def test_train_gpt_refuses_fsdp2_with_a_config_section_it_would_ignore(section, named, tmp_path):
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps({**json.loads((ROOT / "ds_config_stage3.json").read_text()), **section}))
+    proc = run(["python3", "train_gpt.py", "--config", str(config), "--engine", "fsdp2", "--check", "2"])
+    assert proc.returncode == 2 and f"has {named}" in proc.stderr and len(proc.stderr.splitlines()) == 1
