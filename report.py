@@ -447,8 +447,9 @@ def summary_markdown(record, runs, checks):
         lines += ["| | |", "|---|---|"] + [f"| {k} | {', '.join(map(str, v)) if isinstance(v, list) else v} |"
                                             for k, v in env.items()] + [""]
     lines += ["## Commands", ""] + [f"- {name}: `{cmd}`" for name, cmd in record["commands"].items() if cmd] + [""]
-    lines += ["## Comparison", "", "```", comparison_table(runs), "```", "", "## Verdict", "", "```",
-              *verdict_lines(checks), "```", ""]
+    lines += ["## Comparison", "", "```", comparison_table(runs), "```", ""]
+    lines += [line + "\n" for line in peer_lines(runs)]  # a paragraph each
+    lines += ["## Verdict", "", "```", *verdict_lines(checks), "```", ""]
     for name, records in runs.items():
         if records:
             lines += [f"## {name}: each rank", "", "```", rank_table(records), "```", ""]

@@ -82,3 +82,7 @@ def test_train_gpt_refuses_fsdp2_with_a_config_section_it_would_ignore(section, 
     config.write_text(json.dumps({**json.loads((ROOT / "ds_config_stage3.json").read_text()), **section}))
     proc = run(["python3", "train_gpt.py", "--config", str(config), "--engine", "fsdp2", "--check", "2"])
     assert proc.returncode == 2 and f"has {named}" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_summary_md_sets_stage_3_against_fsdp2(fsdp2_peer):
+    assert "stage 3 against fsdp2: " in (fsdp2_peer.folder / "summary.md").read_text()
