@@ -238,8 +238,9 @@ def resolve(args, config, preset, world, host):
         config["optimizer"] = {**section, "params": {**section.get("params", {}), "lr": 0.0}}
     rate = ("set by the config's scheduler" if scheduler else f"{args.lr:g} (from {lr_source}; "
             + (f"warm-up over {args.warmup} steps)" if args.warmup else "constant)"))
-    line = (f"{'FSDP2 as ' if args.engine == 'fsdp2' else ''}stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank (from "
-            f"{batch_source}) x {world} rank(s), lr {rate}, optimizer "
+    engine = "FSDP2 as " if args.engine == "fsdp2" else ""
+    line = (f"{engine}stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank "
+            f"(from {batch_source}) x {world} rank(s), lr {rate}, optimizer "
             f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}, config {args.config}")
     return config, line
 

@@ -18,6 +18,11 @@ PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ
 BUSBW_MIN_BYTES = 1 << 20
 
 
+def last_step(r, key):
+    """A figure of the last step, or None: a rank that failed before its first step has none."""
+    return r.steps[-1].get(key) if r.steps else None
+
+
 def states(breakdown):
     """The model states of a census: every kind but the other tensors."""
     return sum(v for k, v in breakdown.items() if k != "other")
@@ -140,14 +145,14 @@ class Record:
     @property
     def comm_bytes(self) -> dict:
         """Bytes per kind of collective in the last step (nccl-tests' sizes: accounting.comms)."""
-        last = self.steps[-1].get("comm") if self.steps else None
+        last = last_step(self, "comm")
         return {kind: c["bytes"] for kind, c in last.items()} if last else None
 
     @property
     def comm_volume(self) -> float:
         """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
         the gradients, 3 for stage 3."""
-        last = self.steps[-1].get("comm") if self.steps else None
+        last = last_step(self, "comm")
         return predict.volume(last, self.params_total) if last and self.params_total else None
 
     @property
@@ -158,7 +163,7 @@ class Record:
     def busbw(self) -> dict:
         """nccl-tests' bus bandwidth per kind of collective, in bytes per second, from the profiled step's
         NCCL kernels; None where nothing was timed."""
-        seconds = self.steps[-1].get("comm_s") if self.steps else None
+        seconds = last_step(self, "comm_s")
         if not seconds:
             return None
         return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)

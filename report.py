@@ -115,9 +115,10 @@ def comm(records, figure, kind):
     """Rank 0's bytes of one kind of collective per step, or the best bus bandwidth of any rank: a rank's NCCL
     kernel also times its wait for the others, so the rank that waited least comes closest to the link's.
     Logs from before it was measured lack it."""
+    per_rank = [(r.get(figure) or {}).get(kind) for r in records]
     if figure == "busbw":
-        return worst([{"busbw": (r.get("busbw") or {}).get(kind)} for r in records], "busbw")
-    return (first(records, figure) or {}).get(kind)
+        return max(filter(None, per_rank), default=None)
+    return per_rank[0] if per_rank else None
 
 
 def gbps(value):

@@ -118,8 +118,9 @@ def link_alone(device, facts, nbytes=1 << 28, repeats=5):
     world = torch.distributed.get_world_size()
     if device.type != "cuda" or facts["rehearsal"] or facts["max_mem_gib"] or world < 2:
         return None
+    elems = nbytes // 2 // world * world  # bf16, in equal shards
     try:
-        gathered = torch.empty(nbytes // 2 // world * world, dtype=torch.bfloat16, device=device)
+        gathered = torch.empty(elems, dtype=torch.bfloat16, device=device)
         mine = gathered.chunk(world)[torch.distributed.get_rank()].clone()
         torch.distributed.all_gather_into_tensor(gathered, mine)  # sets up NCCL's buffers for this size
         torch.cuda.synchronize()
@@ -133,4 +134,4 @@ def link_alone(device, facts, nbytes=1 << 28, repeats=5):
     finally:
         gathered = mine = None
         torch.cuda.reset_peak_memory_stats(device)
-    return predict.bus_bandwidth("all_gather", nbytes // 2 // world * world * 2, seconds, world)
+    return predict.bus_bandwidth("all_gather", 2 * elems, seconds, world)
