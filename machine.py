@@ -138,6 +138,12 @@ PEAK_TFLOPS = {
 }
 
 
+def by_gpu_name(table, device):
+    """The first entry of table whose key is a word of the GPU's name: put "H100 PCIe" before "H100"."""
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in table.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
+
+
 # NVLink's bandwidth per GPU and direction, GB/s, within one node: the ceiling of nccl-tests' bus bandwidth
 NVLINK_GBPS = {"H100 PCIe": None, "H100 NVL": None, "H200 NVL": None, "H100": 450, "H200": 450, "H800": 200,
                "A100": 300, "A800": 200, "B200": 900, "GB200": 900}
@@ -148,8 +154,7 @@ def link_bandwidth(device, placement, world):
     rank per GPU, a known GPU."""
     if device.type != "cuda" or placement["rehearsal"] or world > placement["ranks_per_node"] or world < 2:
         return None
-    name = torch.cuda.get_device_name(device)
-    gbps = next((v for k, v in NVLINK_GBPS.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
+    gbps = by_gpu_name(NVLINK_GBPS, device)
     return gbps and gbps * 1e9
 
 
@@ -157,8 +162,7 @@ def peak_tflops(device, dtype):
     """The device's dense 16-bit peak; none for a CPU, an unknown device, or fp32, which runs slower."""
     if device.type != "cuda" or dtype == "fp32":
         return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_TFLOPS.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
+    return by_gpu_name(PEAK_TFLOPS, device)
 
 
 def environment(device):

@@ -48,7 +48,11 @@ print(torch.cuda.device_count() or 2, s.getsockname()[1])') || exit 1
 ranks=${ranks:-$gpus}
 [ -z "$peer" ] || stages+=" $peer"  # the peer runs last, on stage 3's config
 config_of() {
-  case $1 in [0-9]) echo "--stage $1" ;; fsdp2) echo "--stage 3 --engine fsdp2" ;; *) echo "--config ds_config_stage$1.json" ;; esac
+  case $1 in
+    [0-9]) echo "--stage $1" ;;
+    fsdp2) echo "--stage 3 --engine fsdp2" ;;
+    *) echo "--config ds_config_stage$1.json" ;;
+  esac
 }
 for n in $ranks; do for stage in $stages; do  # train_gpt.py checks its own arguments, launching nothing
   python3 train_gpt.py $(config_of "$stage") "${args[@]}" --check "$n" > /dev/null || exit 2
