@@ -5,7 +5,7 @@ import json
 import pytest
 
 import report
-from conftest import ROOT, run
+from conftest import ROOT, planted, run
 
 
 def test_run_sh_runs_fsdp2_after_stage_3_and_keeps_its_log(fsdp2_peer):
@@ -51,6 +51,14 @@ def test_the_report_compares_stage_3_with_fsdp2(fsdp2_peer):
     record = json.loads((fsdp2_peer.folder / "summary.json").read_text())
     assert set(record["results"]) == {"fsdp2", "stage3"}
     assert (fsdp2_peer.folder / "memory.png").stat().st_size > 0
+
+
+def test_a_peer_that_trains_another_model_fails_the_verdict(fsdp2_peer, tmp_path, capsys):
+    def diverge(r):
+        return {**r, "losses": [r["losses"][0], *(x * 0.95 for x in r["losses"][1:])]}
+    assert report.main([str(planted(fsdp2_peer.folder, tmp_path, "fsdp2", diverge))]) == 1
+    out = capsys.readouterr().out
+    assert "the losses DIFFER by up to" in out and "fsdp2 DIFFERS from stage3" in out
 
 
 def test_fsdp2_is_not_paired_with_stage_0_in_the_verdict(fsdp2_peer):

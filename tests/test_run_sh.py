@@ -12,7 +12,7 @@ from conftest import planted
 def test_run_sh_passes_on_cpu(run_sh):
     assert run_sh.proc.returncode == 0, run_sh.proc.stdout[-3000:] + run_sh.proc.stderr[-3000:]
     assert "VERDICT: PASS" in run_sh.proc.stdout
-    assert run_sh.proc.stdout.count("PASS  (") == 4  # (a) to (d)
+    assert run_sh.proc.stdout.count("PASS  (") == 5  # (a) to (e)
 
 
 def test_run_sh_keeps_both_logs(run_sh):
@@ -114,6 +114,15 @@ def test_a_planted_divergence_between_the_stages_fails_the_verdict(run_sh, tmp_p
         return {**r, "losses": [r["losses"][0], r["losses"][1] * 0.95, r["losses"][2] * 0.95]}
     assert report.main([str(planted(run_sh.folder, tmp_path, "stage3", diverge))]) == 1
     assert re.search(r"the stages DIFFER by (4\.9|5\.0)\d%", capsys.readouterr().out)
+
+
+def test_a_first_step_loss_off_by_more_than_rounding_fails_the_verdict(run_sh, tmp_path, capsys):
+    # the same forward pass on the same weights: a race moved it by 0.09% on two H200s, within (c)'s 1%
+    def race(r):
+        return {**r, "losses": [r["losses"][0] * 1.0009, *r["losses"][1:]]}
+    assert report.main([str(planted(run_sh.folder, tmp_path, "stage3", race))]) == 1
+    out = capsys.readouterr().out
+    assert "PASS  (c)" in out and re.search(r"FAIL  \(e\) .*stage3 0\.090% at step 1.*stage3 DIFFERS from stage0", out)
 
 
 def test_a_planted_rise_of_the_loss_fails_the_verdict(run_sh, tmp_path, capsys):
