@@ -192,6 +192,7 @@ def as_dict(r):
     return {**asdict(r), **{name: getattr(r, name) for name in FIGURES}}
 
 
+DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7}  # DeepSpeed's, where a config has none
 PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
 
 
@@ -201,9 +202,10 @@ def held_bytes(r):
     return {k: r.model_state_breakdown[k] + host.get(k, 0) for k in predict.KINDS}
 
 
-def add_predictions(r, shape, loss_chunk, prefetch_elems):
+def add_predictions(r, shape, loss_chunk, zero):
     """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
-    optimizer step's fp32 gradients and the peak, against which the measurement is judged."""
+    optimizer step's fp32 gradients and the peak, against which the measurement is judged; zero is the
+    config's zero_optimization section."""
     shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
     r.predicted_breakdown = predict.model_states(r.stage, r.dtype, r.params_total, shard, r.persistent_elems, r.engine)
     on_host = predict.host_kinds(r.offload) if r.mem_kind == "cuda" else []  # without GPUs, one memory
@@ -216,9 +218,13 @@ def add_predictions(r, shape, loss_chunk, prefetch_elems):
     flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
     r.activation_estimate_bytes = predict.activation_bytes(shape, r.dtype, r.micro_batch, r.seq, r.checkpoint,
                                                            flash, loss_chunk)
+    # a stage-3 sub-group closes at the parameter that reaches sub_group_size, so it may exceed it by one partition
+    sub_group = (zero.get("sub_group_size", DEEPSPEED_DEFAULTS["sub_group_size"])
+                 + math.ceil(r.largest_param_elems / r.world_size)) if r.stage == 3 else None
     r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]),
-                                                          r.engine)
-    prefetch = predict.WIDTH[r.dtype] * prefetch_elems if r.stage == 3 else 0
+                                                          r.engine, sub_group)
+    prefetch = predict.WIDTH[r.dtype] * zero.get("stage3_prefetch_bucket_size",
+                                                 DEEPSPEED_DEFAULTS["stage3_prefetch_bucket_size"]) if r.stage == 3 else 0
     r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
                                                 prefetch, r.activation_estimate_bytes, r.step_transient_bytes)
 
@@ -233,9 +239,9 @@ def add_shares(r):
                                                      PARTITION_TOLERANCE)
 
 
-def assemble(run, m, shape, loss_chunk, prefetch_elems, memory_now):
-    """The record of one rank: run holds the run's facts (Record's first fields), m what it measured;
-    memory_now the memory snapshot at the end."""
+def assemble(run, m, shape, loss_chunk, zero, memory_now):
+    """The record of one rank: run holds the run's facts (Record's first fields), m what it measured, zero the
+    config's zero_optimization section; memory_now the memory snapshot at the end."""
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
                gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
                link_busbw=m.link_busbw,
@@ -248,7 +254,7 @@ def assemble(run, m, shape, loss_chunk, prefetch_elems, memory_now):
     r.device_total_bytes = memory_now.get("device_total_bytes")
     if m.census:
         r.model_state_breakdown, r.host_state_breakdown = m.census, m.host_census
-        add_predictions(r, shape, loss_chunk, prefetch_elems)
+        add_predictions(r, shape, loss_chunk, zero)
         add_shares(r)
         r.differences = explain.differences(as_dict(r), held_bytes(r))
     return r

@@ -425,8 +425,7 @@ def main(argv=None):
         failure = {"oom": oom, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
         status = EXIT["out of memory"] if oom else EXIT["failed"]
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    r = record.assemble({**facts, **failure}, m, PRESETS[args.model], LOSS_CHUNK,
-                        config.get("zero_optimization", {}).get("stage3_prefetch_bucket_size", 5e7),
+    r = record.assemble({**facts, **failure}, m, PRESETS[args.model], LOSS_CHUNK, config.get("zero_optimization", {}),
                         measure.memory_snapshot(device))
     if status:  # a rank that failed reports alone: its peers may be blocked in a collective
         record.emit([record.as_dict(r)])

@@ -85,12 +85,12 @@ def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chu
     return blocks + (3 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
 
 
-def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed"):
+def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None):
     """The fp32 gradients that the optimizer step makes, on the device unless the optimizer runs on the host:
     from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32, and FSDP2,
-    step on the gradients themselves."""
+    step on the gradients themselves. Stage 3 makes them one sub-group of at most sub_group elements at a time."""
     steps_on_grads = engine == "fsdp2" or (stage == 0 and WIDTH[dtype] == 4)
-    return 0 if optimizer_offloaded or steps_on_grads else MASTER_BYTES * shard
+    return 0 if optimizer_offloaded or steps_on_grads else MASTER_BYTES * min(shard, sub_group or shard)
 
 
 def peak_bytes(states, other, prefetch, activations, transient):

@@ -77,9 +77,10 @@ def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):
     return record.Record(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
 
 
-def predicted(r, checkpoint=False, prefetch=0):
+def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
     r.checkpoint = checkpoint
-    record.add_predictions(r, t.PRESETS["1.3b"], t.LOSS_CHUNK, prefetch)
+    record.add_predictions(r, t.PRESETS["1.3b"], t.LOSS_CHUNK,
+                           {"stage3_prefetch_bucket_size": prefetch, "sub_group_size": sub_group})
     return r
 
 
@@ -100,6 +101,12 @@ def test_the_peak_estimate_adds_the_larger_of_activations_and_the_steps_fp32_gra
     r = predicted(rank(0, world=1, other=123))
     assert r.step_transient_bytes == 4 * PSI
     assert r.predicted_peak_bytes == 16 * PSI + 123 + max(r.activation_estimate_bytes, r.step_transient_bytes)
+
+
+def test_stage_3_makes_the_fp32_gradients_one_sub_group_at_a_time():
+    # a sub-group closes at the parameter that reaches sub_group_size: the largest (PSI // 10) may overrun it
+    assert predicted(rank(3), sub_group=1e9).step_transient_bytes == 4 * (PSI // G)
+    assert predicted(rank(3), sub_group=1000).step_transient_bytes == 4 * (1000 + PSI // 10 // G)
 
 
 def test_checkpointing_keeps_far_fewer_activations_and_fp32_doubles_them():
@@ -234,7 +241,7 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
     m = record.Measured(steps=steps, memory_at_start=start)
-    r = record.assemble(facts(0, world=1), m, t.PRESETS["1.3b"], t.LOSS_CHUNK, 0, {"peak_mem_bytes": 0})
+    r = record.assemble(facts(0, world=1), m, t.PRESETS["1.3b"], t.LOSS_CHUNK, {}, {"peak_mem_bytes": 0})
     assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
 
 
