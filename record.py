@@ -223,8 +223,8 @@ def add_predictions(r, shape, loss_chunk, zero):
                  + math.ceil(r.largest_param_elems / r.world_size)) if r.stage == 3 else None
     r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]),
                                                           r.engine, sub_group)
-    prefetch = predict.WIDTH[r.dtype] * zero.get("stage3_prefetch_bucket_size",
-                                                 DEEPSPEED_DEFAULTS["stage3_prefetch_bucket_size"]) if r.stage == 3 else 0
+    prefetch_elems = zero.get("stage3_prefetch_bucket_size", DEEPSPEED_DEFAULTS["stage3_prefetch_bucket_size"])
+    prefetch = predict.WIDTH[r.dtype] * prefetch_elems if r.stage == 3 else 0
     r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
                                                 prefetch, r.activation_estimate_bytes, r.step_transient_bytes)
 
