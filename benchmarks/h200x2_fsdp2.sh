@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers: 8 steps in peer
 # and sweep, 12 in levers and final.
-#   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final
+#   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final|profile|levers2|levers3|final2|final3
 # sweep: one stage-3 setting changed at a time from ds_config_stage3.json, at micro batch 16 without
 # checkpointing (the issue's setting), written as ds_config_stage3_<name>.json beside it for the run only.
 set -uo pipefail
@@ -23,6 +23,10 @@ for setting in sys.argv[2:]:  # a dotted key from the top, else one of zero_opti
     place[key] = json.loads(value)
 json.dump(config, open(f"ds_config_stage3_{sys.argv[1]}.json", "w"), indent=1)
 PY
+}
+profile() {  # profile NAME [train_gpt.py options]: the last step's profile per rank, under $out/profile
+  local name=$1; shift
+  PROFILE_OUT=$out/profile PROFILE_TAG=$name timed "profile_$name" deepspeed --num_gpus 2 benchmarks/profile_step.py "$@"
 }
 case $2 in
   peer) nvidia-smi topo -m > "$out/env.txt" 2>&1
@@ -56,4 +60,42 @@ case $2 in
        --compile "${args[@]}"
      RESULTS=$out/r LIMIT=150 timed compile bash run.sh --stages 3 --compile "${args[@]}"
      RESULTS=$out/r LIMIT=170 timed sweep2 bash run.sh --stages "3_subgroup1e8 3_nooverlap 3_reuse1e9" "${args[@]}" ;;
+  profile)  # where the time of a step at micro batch 2 goes: stage 3 against FSDP2, 6 steps
+     nvidia-smi topo -m > "$out/env.txt" 2>&1
+     variant plainlinear memory_efficient_linear=false
+     profile stage3 --stage 3 --steps 6
+     profile fsdp2 --stage 3 --engine fsdp2 --steps 6
+     PY_PROFILE=1 profile stage3_python --stage 3 --steps 6
+     profile stage3_plainlinear --config ds_config_stage3_plainlinear.json --steps 6
+     profile stage0 --stage 0 --steps 6 ;;
+  levers2)  # what the profile pointed at, cumulatively, 10 steps: DeepSpeed's own linear off, no persistent
+     # parameters (each is all-gathered alone after every optimizer step), smaller optimizer sub-groups
+     variant plain memory_efficient_linear=false
+     variant p0 memory_efficient_linear=false stage3_param_persistence_threshold=0
+     variant p0sg memory_efficient_linear=false stage3_param_persistence_threshold=0 sub_group_size=1e8
+     variant p0sgreuse memory_efficient_linear=false stage3_param_persistence_threshold=0 sub_group_size=1e8 \
+       stage3_max_reuse_distance=1e9
+     variant p0sgpf memory_efficient_linear=false stage3_param_persistence_threshold=0 sub_group_size=1e8 \
+       stage3_prefetch_bucket_size=2e8
+     RESULTS=$out/r LIMIT=280 timed mb2 bash run.sh --stages "3_plain 3_p0 3_p0sg" --peer fsdp2 --steps 10
+     RESULTS=$out/r LIMIT=280 timed mb16_no_checkpoint bash run.sh --stages "3_p0sg 3_p0sgreuse 3_p0sgpf" --peer fsdp2 \
+       --steps 10 --micro-batch 16 --no-checkpoint ;;
+  levers3)  # DeepSpeed's fast sharding for leaf modules, which a granularity threshold turns on (at 1 it makes no
+     # module a leaf itself: train_gpt.py already makes each block one), with and without DeepSpeed's linear
+     variant plain memory_efficient_linear=false
+     variant fs stage3_module_granularity_threshold=1
+     variant plainfs memory_efficient_linear=false stage3_module_granularity_threshold=1
+     variant plainfssg memory_efficient_linear=false stage3_module_granularity_threshold=1 sub_group_size=1e8
+     RESULTS=$out/r LIMIT=280 timed mb2 bash run.sh --stages "3_plain 3_fs 3_plainfs 3_plainfssg" --peer fsdp2 --steps 10
+     RESULTS=$out/r LIMIT=280 timed mb16_no_checkpoint bash run.sh --stages "3 3_fs 3_plainfs" --peer fsdp2 \
+       --steps 10 --micro-batch 16 --no-checkpoint ;;
+  final2)  # the new stage-3 config against FSDP2, 10 steps: run.sh's default (with stage 0), then the other three
+     nvidia-smi topo -m > "$out/env.txt" 2>&1
+     RESULTS=$out/r LIMIT=200 timed mb2 bash run.sh --peer fsdp2 --steps 10
+     RESULTS=$out/r LIMIT=130 timed mb16_no_checkpoint bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16 \
+       --no-checkpoint
+     RESULTS=$out/r LIMIT=130 timed mb2_no_checkpoint bash run.sh --stages 3 --peer fsdp2 --steps 10 --no-checkpoint
+     RESULTS=$out/r LIMIT=130 timed mb16 bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16 ;;
+  final3)  # final2's first run again, without fast sharding (it gave wrong losses in final2 and levers3)
+     RESULTS=$out/r LIMIT=200 timed mb2 bash run.sh --peer fsdp2 --steps 10 ;;
 esac
