@@ -23,6 +23,8 @@ from formatting import EXIT, fmt, format_table, relative_error, gib, other_bytes
 MEMORY_SLACK = 1.25
 # Both runs of a comparison must agree on these, or they compare different things.
 SAME_IN_BOTH = ("model", "world_size", "micro_batch", "seq", "dtype", "seed", "checkpoint", "compile", "max_mem_gib")
+# (e) compares the losses of runs that agree on these as well.
+SAME_TRAINING = SAME_IN_BOTH + ("lr", "warmup")
 # Both stages train the same model on the same data with the same recipe, so their losses differ only by
 # rounding, at every step.
 LOSS_RTOL = 0.01
@@ -257,8 +259,16 @@ def loss_falls(losses):
 
 
 def largest_gap(a, b):
-    """The largest relative difference between two runs' losses, step by step."""
-    return max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    """The largest relative difference between two runs' losses, step by step; infinite where a loss is not
+    finite (max() would pass over a NaN)."""
+    gaps = [abs(x - y) / abs(x) for x, y in zip(a, b)]
+    return max(gaps) if all(map(math.isfinite, gaps)) else math.inf
+
+
+def loss_gaps(a, b):
+    """How far run b's losses are from run a's: at step 1, at any step, and whether both are within bounds."""
+    step1, anywhere = largest_gap(a["losses"][:1], b["losses"][:1]), largest_gap(a["losses"], b["losses"])
+    return step1, anywhere, step1 <= FIRST_LOSS_RTOL and anywhere <= LOSS_RTOL
 
 
 def check_loss(dense, zero3):
@@ -326,30 +336,30 @@ def check_promises(runs):
 
 
 def reference_rank(r):
-    """Stage 0 first, then DeepSpeed before its peer, then a stage's own config before variants of it."""
-    return (r["stage"] != 0, r.get("engine", "deepspeed") != "deepspeed",
-            not str(r["config"]).endswith(f"ds_config_stage{r['stage']}.json"))
+    """Stage 0 first; then a stage's own config before variants of it, and DeepSpeed before its peer."""
+    return (r["stage"] != 0, not str(r["config"]).endswith(f"ds_config_stage{r['stage']}.json"),
+            r.get("engine", "deepspeed") != "deepspeed")
 
 
 def check_same_training(runs):
-    """(e): every finished run trains the same model as the reference at its number of ranks (reference_rank's
-    first): the same first-step loss within FIRST_LOSS_RTOL, and the same losses within LOSS_RTOL at
-    every step. Settings that race show here: DeepSpeed's fast sharding for leaf modules on two H200s moved
-    the first loss by up to 0.9% and later ones by up to 67%. Runs with other settings are not compared."""
+    """(e): every finished run trains the same model as the reference among the runs with its settings
+    (reference_rank's first): the same first-step loss within FIRST_LOSS_RTOL, and the same losses within
+    LOSS_RTOL at every step. Settings that race show here: DeepSpeed's fast sharding for leaf modules on two
+    H200s moved the first loss by up to 0.9% and later ones by up to 67%."""
     finished = sorted(((name, rs[0]) for name, rs in runs.items() if not failed(rs)),
                       key=lambda item: reference_rank(item[1]))
     references, compared, differ = {}, [], []
     for name, r in finished:
-        reference, ref = references.setdefault(r["world_size"], (name, r))
-        if ref is r or any(ref.get(key) != r.get(key) for key in SAME_IN_BOTH):
+        reference, ref = references.setdefault(tuple(r.get(key) for key in SAME_TRAINING), (name, r))
+        if ref is r:
             continue
-        first, gap = largest_gap(ref["losses"][:1], r["losses"][:1]), largest_gap(ref["losses"], r["losses"])
-        compared.append(f"{name} {first:.3%} at step 1 and {gap:.2%} at most from {reference}")
-        differ += [] if first <= FIRST_LOSS_RTOL and gap <= LOSS_RTOL else [f"{name} DIFFERS from {reference}"]
+        step1, anywhere, same = loss_gaps(ref, r)
+        compared.append(f"{name} {step1:.3%} at step 1 and {anywhere:.2%} at most from {reference}")
+        differ += [] if same else [f"{name} and {reference} DIFFER"]
     if not compared:
         return None
-    detail = (f"losses against the reference (at most {FIRST_LOSS_RTOL:.3%} apart at step 1, {LOSS_RTOL:.0%} later): "
-              + ", ".join(compared))
+    detail = (f"losses against the reference (at most {FIRST_LOSS_RTOL:.3%} apart at step 1, {LOSS_RTOL:.0%} at any "
+              "step): " + ", ".join(compared))
     return ("FAIL" if differ else "PASS"), detail + ("; MISSED: " + ", ".join(differ) if differ else "")
 
 
@@ -372,9 +382,10 @@ def peer_lines(runs):
         a, b = zero3[0], rs[0]
         volume = (f", communication {a['comm_volume']:.2f} against {b['comm_volume']:.2f} x the parameters per step"
                   if a.get("comm_volume") and b.get("comm_volume") else "")
-        gap = largest_gap(a["losses"], b["losses"])
-        losses = (f"the losses agree to {gap:.2%} at every step" if gap <= LOSS_RTOL else
-                  f"the losses DIFFER by up to {gap:.2%}: the two do not train the same model")
+        step1, anywhere, same = loss_gaps(a, b)
+        losses = (f"the losses agree to {anywhere:.2%} at every step" if same else
+                  f"the losses DIFFER, by {step1:.3%} at step 1 and up to {anywhere:.2%}: the two do not train the "
+                  "same model")
         lines.append(f"stage 3 against {name}: {a['tokens_per_s'] / b['tokens_per_s']:.2f}x its tokens/s, peak memory "
                      f"{size(worst(zero3, 'peak_mem_bytes'))} against {size(worst(rs, 'peak_mem_bytes'))}{volume}; "
                      + losses)

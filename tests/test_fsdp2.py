@@ -58,7 +58,14 @@ def test_a_peer_that_trains_another_model_fails_the_verdict(fsdp2_peer, tmp_path
         return {**r, "losses": [r["losses"][0], *(x * 0.95 for x in r["losses"][1:])]}
     assert report.main([str(planted(fsdp2_peer.folder, tmp_path, "fsdp2", diverge))]) == 1
     out = capsys.readouterr().out
-    assert "the losses DIFFER by up to" in out and "fsdp2 DIFFERS from stage3" in out
+    assert "the losses DIFFER, by 0.000% at step 1 and up to 5.00%" in out and "fsdp2 and stage3 DIFFER" in out
+
+
+def test_a_peer_whose_loss_turns_nan_fails_the_verdict(fsdp2_peer, tmp_path, capsys):
+    def nan_after_step_1(r):
+        return {**r, "losses": [r["losses"][0], *(float("nan") for _ in r["losses"][1:])]}
+    assert report.main([str(planted(fsdp2_peer.folder, tmp_path, "fsdp2", nan_after_step_1))]) == 1
+    assert "fsdp2 and stage3 DIFFER" in capsys.readouterr().out
 
 
 def test_fsdp2_is_not_paired_with_stage_0_in_the_verdict(fsdp2_peer):

@@ -26,7 +26,7 @@ def test_summary_json_holds_environment_commands_results_and_verdict(run_sh):
     env = record["environment"]
     assert env["torch"] and env["deepspeed"] and env["python"] and len(env["hosts"]) == 1
     assert [len(record["results"][name]) for name in ("stage0", "stage3")] == [2, 2]
-    assert [c["status"] for c in record["checks"]["2 rank(s)"] + record["checks"]["all runs"]] == ["PASS"] * 4
+    assert [c["status"] for c in record["checks"]["2 rank(s)"] + record["checks"]["all runs"]] == ["PASS"] * 5
 
 
 def test_summary_md_is_a_readable_report(run_sh):
