@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers: 8 steps in peer
-# and sweep, 12 in levers and final.
+# Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers. Each case names its
+# steps (8, 12, 6 or 10).
 #   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final|profile|levers2|levers3|final2|final3
-# sweep: one stage-3 setting changed at a time from ds_config_stage3.json, at micro batch 16 without
-# checkpointing (the issue's setting), written as ds_config_stage3_<name>.json beside it for the run only.
+# A variant changes settings of ds_config_stage3.json as it stands, written as ds_config_stage3_<name>.json
+# beside it for the run only. ds_config_stage3.json changed between cases: peer to levers3 ran with the config of
+# commit 84766b7, final2 with 8d38ab2's plus "stage3_module_granularity_threshold": 1 (fast sharding), final3
+# with 8d38ab2's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1
@@ -26,7 +28,8 @@ PY
 }
 profile() {  # profile NAME [train_gpt.py options]: the last step's profile per rank, under $out/profile
   local name=$1; shift
-  PROFILE_OUT=$out/profile PROFILE_TAG=$name timed "profile_$name" deepspeed --num_gpus 2 benchmarks/profile_step.py "$@"
+  PROFILE_OUT=$out/profile PROFILE_TAG=$name timed "profile_$name" \
+    deepspeed --num_gpus 2 benchmarks/profile_step.py "$@"
 }
 case $2 in
   peer) nvidia-smi topo -m > "$out/env.txt" 2>&1
@@ -86,7 +89,8 @@ case $2 in
      variant fs stage3_module_granularity_threshold=1
      variant plainfs memory_efficient_linear=false stage3_module_granularity_threshold=1
      variant plainfssg memory_efficient_linear=false stage3_module_granularity_threshold=1 sub_group_size=1e8
-     RESULTS=$out/r LIMIT=280 timed mb2 bash run.sh --stages "3_plain 3_fs 3_plainfs 3_plainfssg" --peer fsdp2 --steps 10
+     RESULTS=$out/r LIMIT=280 timed mb2 bash run.sh --stages "3_plain 3_fs 3_plainfs 3_plainfssg" --peer fsdp2 \
+       --steps 10
      RESULTS=$out/r LIMIT=280 timed mb16_no_checkpoint bash run.sh --stages "3 3_fs 3_plainfs" --peer fsdp2 \
        --steps 10 --micro-batch 16 --no-checkpoint ;;
   final2)  # the new stage-3 config against FSDP2, 10 steps: run.sh's default (with stage 0), then the other three

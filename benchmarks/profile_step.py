@@ -21,7 +21,7 @@ RANK = os.environ.get("RANK", "0")
 kernel_seconds, train = comms.kernel_seconds, train_gpt.train
 
 
-def written(prof):
+def tables_and_kernel_seconds(prof):
     OUT.mkdir(parents=True, exist_ok=True)
     averages = prof.key_averages()
     tables = [averages.table(sort_by=key, row_limit=45) for key in ("self_device_time_total", "self_cpu_time_total")]
@@ -45,5 +45,5 @@ def profiled_train(*args):
             pstats.Stats(profile, stream=f).sort_stats(key).print_stats(60)
 
 
-comms.kernel_seconds, train_gpt.train = written, profiled_train
+comms.kernel_seconds, train_gpt.train = tables_and_kernel_seconds, profiled_train
 train_gpt.main()
