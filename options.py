@@ -16,6 +16,8 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")
 STAGES = (0, 1, 2, 3)
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
+# DeepCompile's default schedule compiles again after deepspeed.compile.init_z3.WARMUP (5) steps: at step 6 here
+DEEPCOMPILE_RECOMPILE_STEP = 6
 
 
 class BadInput(Exception):
@@ -77,7 +79,8 @@ def parse_args(argv, presets, here):
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="activation checkpointing: recompute each block in backward (default on; --no-checkpoint)")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model through DeepSpeed's engine.compile (FSDP2: each block)")
+                   help="torch.compile the model through DeepSpeed's engine.compile (FSDP2: each block); a config "
+                        "that turns DeepCompile on implies it")
     p.add_argument("--engine", choices=ENGINES, default="deepspeed",
                    help="fsdp2: train through PyTorch's fully_shard instead, ZeRO-3's peer, with the stage-3 config's "
                         "micro batch, precision and clipping (default deepspeed)")
@@ -223,6 +226,7 @@ def resolve(args, config, preset, world, host):
     section = optimizer(config, where, host["known_optimizer"])
     if args.engine == "fsdp2":
         fsdp2_can_run(config, args, section, where)
+    deepcompile(config, args, host["on_gpu"], where)
     config_lr = field(config, "optimizer.params.lr", (int, float), None, where)
     if config_lr is not None and config_lr <= 0:
         raise BadInput(f"config{where}: optimizer.params.lr must be positive, not {config_lr}")
@@ -239,10 +243,27 @@ def resolve(args, config, preset, world, host):
     rate = ("set by the config's scheduler" if scheduler else f"{args.lr:g} (from {lr_source}; "
             + (f"warm-up over {args.warmup} steps)" if args.warmup else "constant)"))
     engine = "FSDP2 as " if args.engine == "fsdp2" else ""
+    compiled = ", DeepCompile (from the config)" if args.deepcompile else ", compiled" if args.compile else ""
     line = (f"{engine}stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank "
             f"(from {batch_source}) x {world} rank(s), lr {rate}, optimizer "
-            f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}, config {args.config}")
+            f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}{compiled}, config {args.config}")
     return config, line
+
+
+def deepcompile(config, args, on_gpu, where):
+    """DeepCompile works through engine.compile, so it implies --compile. At stage 3 it compiles at step 1 and
+    again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps; only the steps after that are timed."""
+    args.deepcompile = field(config, "compile.deepcompile", (bool,), False, where)
+    args.timed_from = DEEPCOMPILE_RECOMPILE_STEP + 1 if args.deepcompile and args.stage == 3 else 2
+    if not args.deepcompile:
+        return
+    if not on_gpu:
+        raise BadInput(f"config{where} turns DeepCompile on, which needs GPUs: DeepSpeed builds its ops against CUDA")
+    if args.stage == 3 and args.steps <= args.timed_from:
+        raise BadInput(f"config{where} turns DeepCompile on, which compiles at step 1 and again at step "
+                       f"{DEEPCOMPILE_RECOMPILE_STEP}: give --steps {args.timed_from + 1} or more, to time a step "
+                       f"after that besides the profiled last one (--steps is {args.steps})")
+    args.compile = True
 
 
 def fsdp2_can_run(config, args, section, where):

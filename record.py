@@ -67,6 +67,8 @@ class Record:
     offload: dict
     launcher: str
     mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
+    deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
+    timed_from: int = 2  # the first step that counts for speed: options.deepcompile
     gpus: int = None
     ranks_per_node: int = None
     ranks_per_gpu: int = None
@@ -137,22 +139,23 @@ class Record:
 
     @property
     def step_time_s(self) -> float:
-        """The median over steps 2..N, but for a step run under the profiler: step 1 pays for allocations,
-        kernel selection and ZeRO-3's first trace."""
-        times = [s["time_s"] for s in self.steps if not s.get("comm_s")]
-        return statistics.median(times[1:] or times) if times else None
+        """The median over steps timed_from..N, but for a step run under the profiler: step 1 pays for
+        allocations, kernel selection and ZeRO-3's first trace, and DeepCompile compiles at 1 and again later."""
+        times = [s for s in self.steps if not s.get("comm_s")]
+        timed = [s["time_s"] for s in times if s["step"] >= self.timed_from] or [s["time_s"] for s in times]
+        return statistics.median(timed) if timed else None
 
     @property
     def comm_bytes(self) -> dict:
         """Bytes per kind of collective in the last step (nccl-tests' sizes: accounting.comms)."""
-        last = last_step(self, "comm")
+        last = None if self.deepcompile else last_step(self, "comm")
         return {kind: c["bytes"] for kind, c in last.items()} if last else None
 
     @property
     def comm_volume(self) -> float:
         """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
         the gradients, 3 for stage 3."""
-        last = last_step(self, "comm")
+        last = None if self.deepcompile else last_step(self, "comm")
         return predict.volume(last, self.params_total) if last and self.params_total else None
 
     @property
@@ -164,7 +167,7 @@ class Record:
         """nccl-tests' bus bandwidth per kind of collective, in bytes per second, from the profiled step's
         NCCL kernels; None where nothing was timed."""
         seconds = last_step(self, "comm_s")
-        if not seconds:
+        if not seconds or not self.comm_bytes:
             return None
         return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
                 if t and self.comm_bytes[kind] >= BUSBW_MIN_BYTES else None for kind, t in seconds.items()}

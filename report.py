@@ -23,8 +23,9 @@ from formatting import EXIT, fmt, format_table, relative_error, gib, other_bytes
 MEMORY_SLACK = 1.25
 # Both runs of a comparison must agree on these, or they compare different things.
 SAME_IN_BOTH = ("model", "world_size", "micro_batch", "seq", "dtype", "seed", "checkpoint", "compile", "max_mem_gib")
-# (e) compares the losses of runs that agree on these as well.
-SAME_TRAINING = SAME_IN_BOTH + ("lr", "warmup")
+# (e) compares the losses of runs that agree on these as well; compiling must not change them (engine.compile
+# raced on two H200s: BENCHMARKS.md, section 11)
+SAME_TRAINING = tuple(key for key in SAME_IN_BOTH if key != "compile") + ("lr", "warmup")
 # Both stages train the same model on the same data with the same recipe, so their losses differ only by
 # rounding, at every step.
 LOSS_RTOL = 0.01
@@ -171,6 +172,7 @@ COMPARISON = [
     ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False, False),
     ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False, False),
     ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", True, False),
+    ("  timed from step", lambda rs: first(rs, "timed_from") if first(rs, "deepcompile") else None, "d", False, True),
     ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", True, False),
     ("MFU", lambda rs: first(rs, "mfu"), ".1%", True, False),
 ]
@@ -291,9 +293,10 @@ def check_loss(dense, zero3):
 
 
 def pairs(runs):
-    """{world size: (stage-0 records, stage-3 records)}, the first runs of each stage at each world size."""
+    """{world size: (stage-0 records, stage-3 records)}, at each world size the first run of each stage in
+    reference_rank's order: a stage's own config before its variants."""
     found = {}
-    for records in runs.values():
+    for records in sorted((rs for rs in runs.values() if rs), key=lambda rs: reference_rank(rs[0])):
         if records and records[0]["stage"] in (0, 3) and not offloads(records) and not peer(records):
             dense, zero3 = found.setdefault(records[0]["world_size"], ([], []))
             chosen = dense if records[0]["stage"] == 0 else zero3
@@ -368,27 +371,51 @@ def peer(records):
     return records[0].get("engine", "deepspeed") != "deepspeed"
 
 
+def stage3_runs(runs, world):
+    """{name: records} of DeepSpeed's stage-3 runs without offload at this number of ranks, in reference_rank's
+    order: the stage's own config first, then its variants (DeepCompile, ...)."""
+    found = [(name, rs) for name, rs in runs.items() if rs and rs[0]["stage"] == 3 and rs[0]["world_size"] == world
+             and not offloads(rs) and not peer(rs)]
+    return dict(sorted(found, key=lambda item: reference_rank(item[1][0])))
+
+
 def peer_lines(runs):
-    """Stage 3 against FSDP2 at the same number of ranks: speed, peak memory, communication and losses."""
-    lines, stage3 = [], {world: zero3 for world, (_, zero3) in pairs(runs).items()}
+    """Each stage-3 run against FSDP2 at the same number of ranks: speed, peak memory, communication, losses."""
+    lines = []
     for name, rs in runs.items():
         if not rs or not peer(rs):
             continue
-        zero3 = stage3.get(rs[0]["world_size"])
-        if failed(rs) or not zero3 or failed(zero3):
-            other = status(zero3) if zero3 else "not run"
-            lines.append(f"stage 3 against {name}: {name} {status(rs)}, stage 3 {other}")
+        for name3, zero3 in (stage3_runs(runs, rs[0]["world_size"]) or {"stage 3": None}).items():
+            label = "stage 3" if not zero3 or not reference_rank(zero3[0])[1] else name3
+            lines.append(f"{label} against {name}: " + peer_line(zero3, rs, name))
+    return lines
+
+
+def peer_line(zero3, rs, name):
+    if failed(rs) or not zero3 or failed(zero3):
+        return f"{name} {status(rs)}, stage 3 {status(zero3) if zero3 else 'not run'}"
+    a, b = zero3[0], rs[0]
+    volume = (f", communication {a['comm_volume']:.2f} against {b['comm_volume']:.2f} x the parameters per step"
+              if a.get("comm_volume") and b.get("comm_volume") else "")
+    step1, anywhere, same = loss_gaps(a, b)
+    losses = (f"the losses agree to {anywhere:.2%} at every step" if same else
+              f"the losses DIFFER, by {step1:.3%} at step 1 and up to {anywhere:.2%}: the two do not train the "
+              "same model")
+    return (f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x its tokens/s, peak memory "
+            f"{size(worst(zero3, 'peak_mem_bytes'))} against {size(worst(rs, 'peak_mem_bytes'))}{volume}; " + losses)
+
+
+def compile_lines(runs):
+    """What DeepCompile cost, and what its figures leave out."""
+    lines = []
+    for name, rs in runs.items():
+        if not rs or not rs[0].get("deepcompile") or not rs[0]["steps"]:
             continue
-        a, b = zero3[0], rs[0]
-        volume = (f", communication {a['comm_volume']:.2f} against {b['comm_volume']:.2f} x the parameters per step"
-                  if a.get("comm_volume") and b.get("comm_volume") else "")
-        step1, anywhere, same = loss_gaps(a, b)
-        losses = (f"the losses agree to {anywhere:.2%} at every step" if same else
-                  f"the losses DIFFER, by {step1:.3%} at step 1 and up to {anywhere:.2%}: the two do not train the "
-                  "same model")
-        lines.append(f"stage 3 against {name}: {a['tokens_per_s'] / b['tokens_per_s']:.2f}x its tokens/s, peak memory "
-                     f"{size(worst(zero3, 'peak_mem_bytes'))} against {size(worst(rs, 'peak_mem_bytes'))}{volume}; "
-                     + losses)
+        timed_from = rs[0]["timed_from"]
+        took = " and ".join(f"{s['time_s']:.0f} s at step {s['step']}" for s in rs[0]["steps"]
+                            if s["step"] in (1, timed_from - 1))
+        lines.append(f"{name}: DeepCompile compiled, taking {took}; its speed is timed from step {timed_from} on; "
+                     "its collectives run inside its compiled graph, where the communication count does not see them")
     return lines
 
 
@@ -495,7 +522,7 @@ def summary_markdown(record, runs, checks):
                                             for k, v in env.items()] + [""]
     lines += ["## Commands", ""] + [f"- {name}: `{cmd}`" for name, cmd in record["commands"].items() if cmd] + [""]
     lines += ["## Comparison", "", "```", comparison_table(runs), "```", ""]
-    lines += [line + "\n" for line in peer_lines(runs)]  # a paragraph each
+    lines += [line + "\n" for line in compile_lines(runs) + peer_lines(runs)]  # a paragraph each
     lines += ["## Verdict", "", "```", *verdict_lines(checks), "```", ""]
     for name, records in runs.items():
         if records:
@@ -649,7 +676,8 @@ def main(argv=None):
     if any(r.get("rehearsal") for rs in runs.values() for r in rs):
         print("\nREHEARSAL: several ranks shared each GPU over gloo; per-rank memory is real, speed is not.")
     checks, overall = verdict(runs)
-    print("", *offload_lines(runs), *peer_lines(runs), *verdict_lines(checks), f"\nVERDICT: {overall}", sep="\n")
+    print("", *offload_lines(runs), *compile_lines(runs), *peer_lines(runs), *verdict_lines(checks),
+          f"\nVERDICT: {overall}", sep="\n")
     print(write_record(args.folder, runs, checks, overall))
     return EXIT[overall]
 

@@ -299,7 +299,7 @@ def build_engine(model, args, config):
     optimizer = None if "optimizer" in config else adamw(model, learning_rate(0, args))
     # ZeRO-3 gathers a whole block at once, not each Linear: 1.3x faster on one H200 at micro batch 2, for one
     # block (~100 MB) in flight. DeepCompile gathers in its own graph, which a leaf module's hooks would break.
-    if args.stage == 3 and not config.get("compile", {}).get("deepcompile"):
+    if args.stage == 3 and not args.deepcompile:
         deepspeed.utils.set_z3_leaf_modules(model, [Block])
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=decay_groups(model),
                                       config=config)
@@ -414,7 +414,8 @@ def main(argv=None):
     args.offload = options.offload_devices(config)
     facts = {"stage": args.stage, "rank": rank, "world_size": world, "model": args.model, "config": str(args.config),
              **{k: getattr(args, k) for k in ("engine", "dtype", "micro_batch", "seq", "lr", "warmup", "seed",
-                                              "checkpoint", "compile", "max_mem_gib", "timeout_s", "offload")},
+                                              "checkpoint", "compile", "deepcompile", "timed_from", "max_mem_gib",
+                                              "timeout_s", "offload")},
              "launcher": launcher, "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
     m, status, failure = record.Measured(), EXIT["done"], {}
     try:

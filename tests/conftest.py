@@ -39,6 +39,44 @@ def run_sh_once(tmp_path_factory, name, *args):
     return SimpleNamespace(proc=proc, folder=folders[0], runs=report.load_runs(folders[0]))
 
 
+# the variables a launcher sets: with them, machine.adopt_launcher_env leaves the process environment alone
+LAUNCHED_AS_RANK_0 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": "29500"}
+
+
+@pytest.fixture
+def check(monkeypatch, capsys):
+    """check(*argv): train_gpt.main(argv + --check) in this process; its exit status and output lines."""
+    for name, value in LAUNCHED_AS_RANK_0.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(ROOT)  # for the cases' relative paths
+
+    def run(*argv):
+        argv = [str(a) for a in argv]
+        if not any(a.startswith("--check") for a in argv):
+            argv.append("--check")
+        capsys.readouterr()
+        try:
+            import train_gpt  # imports DeepSpeed: only where a test checks inputs
+            train_gpt.main(argv)
+            status = 0
+        except SystemExit as e:
+            status = e.code
+        out, err = capsys.readouterr()
+        return SimpleNamespace(status=status, out=out.splitlines(), err=err.splitlines())
+    return run
+
+
+def assert_refused(result, *fragments):
+    """Exit status 2, and stderr is one line, the error, holding every fragment."""
+    assert result.status == 2, result
+    assert "Traceback" not in "\n".join(result.err)
+    [line] = result.err
+    assert line.startswith("train_gpt.py: error: "), line
+    for fragment in fragments:
+        assert fragment in line
+
+
 def planted(folder, tmp_path, name, edit):
     """A copy of a results folder in which edit(record) rewrites every RESULT of the run `name`."""
     copy = Path(tempfile.mkdtemp(prefix=f"planted-{name}-", dir=tmp_path))

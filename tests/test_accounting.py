@@ -260,8 +260,8 @@ def test_fsdp2_keeps_fp32_weights_and_gradients_and_no_master_copy():
 
 def test_speed_leaves_out_the_first_step_and_the_profiled_one():
     r = rank(3)
-    r.steps = [{"time_s": t, "comm_s": profiled} for t, profiled in
-               [(9.0, None), (1.0, None), (3.0, None), (8.0, {"all_gather": 0.1})]]
+    r.steps = [{"step": i, "time_s": t, "comm_s": profiled} for i, (t, profiled) in
+               enumerate([(9.0, None), (1.0, None), (3.0, None), (8.0, {"all_gather": 0.1})], start=1)]
     assert r.step_time_s == 2.0
 
 

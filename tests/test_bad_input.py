@@ -8,52 +8,16 @@ import json
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 import train_gpt
-from conftest import ROOT
+from conftest import ROOT, assert_refused
 
-# the variables a launcher sets: with them, machine.adopt_launcher_env leaves the process environment alone
-LAUNCHED_AS_RANK_0 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                      "MASTER_PORT": "29500"}
 ON_GPU = torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(ON_GPU, reason="fp16 is refused only on a machine without a GPU")
 not_root = pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file, whatever its permissions")
-
-
-@pytest.fixture
-def check(monkeypatch, capsys):
-    """check(*argv): train_gpt.main(argv + --check) in this process; its exit status and output lines."""
-    for name, value in LAUNCHED_AS_RANK_0.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(ROOT)  # for the cases' relative paths
-
-    def run(*argv):
-        argv = [str(a) for a in argv]
-        if not any(a.startswith("--check") for a in argv):
-            argv.append("--check")
-        capsys.readouterr()
-        try:
-            train_gpt.main(argv)
-            status = 0
-        except SystemExit as e:
-            status = e.code
-        out, err = capsys.readouterr()
-        return SimpleNamespace(status=status, out=out.splitlines(), err=err.splitlines())
-    return run
-
-
-def assert_refused(result, *fragments):
-    """Exit status 2, and stderr is one line, the error, holding every fragment."""
-    assert result.status == 2, result
-    assert "Traceback" not in "\n".join(result.err)
-    [line] = result.err
-    assert line.startswith("train_gpt.py: error: "), line
-    for fragment in fragments:
-        assert fragment in line
 
 
 def fragments(message):
@@ -295,7 +259,7 @@ RUN_SH_CASES = {
     "ranks that are not a number": (["--ranks", "abc"], {}, "run.sh",
                                     "--ranks takes positive whole numbers, not 'abc'"),
     "a stage without a config": (["--stages", "7"], {}, "run.sh",
-                                 "no config for stage '7'; there are: 0 1 2 3 3_infinity 3_offload"),
+                                 "no config for stage '7'; there are: 0 1 2 3 3_deepcompile 3_infinity 3_offload"),
     "an unknown model, train_gpt.py's own check": (["--model", "13b"], {}, "train_gpt.py",
                                                    "argument --model: invalid choice: '13b'"),
     "a missing hostfile": ([], {"HOSTFILE": "/no/such/file"}, "run.sh",
