@@ -1,0 +1,38 @@
+"""
+Logs written before record.py timed a DeepCompile run from the step after its second compile (issue 13),
+timed as record.py times them now: rank 0's RESULT, rebuilt as a record.Record, with DeepCompile's timing where
+the log's config turns it on. Prints each log's step time, tokens/s and peak, and its speed against the first log.
+  python3 benchmarks/retime.py REFERENCE_LOG LOG ...
+"""
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import options  # noqa: E402
+import record  # noqa: E402
+import report  # noqa: E402
+
+FIELDS = {f.name for f in fields(record.Record)}
+
+
+def retimed(log):
+    r = report.read_results(log)[0]
+    deepcompile = "deepcompile" in Path(r["config"]).name  # the logs predate the field
+    timing = {"deepcompile": deepcompile, "timed_from": options.DEEPCOMPILE_RECOMPILE_STEP + 1 if deepcompile else 2}
+    return record.Record(**{**{k: v for k, v in r.items() if k in FIELDS}, **timing})
+
+
+def main(logs):
+    runs = [retimed(log) for log in logs]
+    for log, r in zip(logs, runs):
+        compiles = {s["step"]: round(s["time_s"], 1) for s in r.steps if s["time_s"] > 10 * r.step_time_s}
+        print(json.dumps({"log": log, "timed_from": r.timed_from, "step_time_s": round(r.step_time_s, 4),
+                          "tokens_per_s": round(r.tokens_per_s), "x_first": round(r.tokens_per_s / runs[0].tokens_per_s, 3),
+                          "peak_gib": round(r.peak_mem_bytes / 2**30, 2), "compile_steps_s": compiles,
+                          "losses": [round(x, 4) for x in r.losses]}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
