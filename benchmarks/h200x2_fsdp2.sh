@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers. Each case names its
-# steps (8, 12, 6 or 10).
+# steps (8, 12, 6, 10 or 14).
 #   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final|profile|levers2|levers3|final2|final3|final4|
-#     deepcompile|deepcompile_mb2|memory
+#     deepcompile|deepcompile_mb2
 # A variant changes settings of ds_config_stage3.json as it stands, written as ds_config_stage3_<name>.json
 # beside it for the run only. ds_config_stage3.json changed between cases: peer to levers3 ran with the config of
 # commit 84766b7, final2 with 8d38ab2's plus "stage3_module_granularity_threshold": 1 (fast sharding), final3
-# with 8d38ab2's, final4 to memory with 39a945c's. final4's two
-# MEMORY runs failed: recording under the profiler made cross_entropy return NULL; memory ran them again
-# recording the step before the last.
+# with 8d38ab2's, final4 to deepcompile_mb2 with 39a945c's. final4
+# also ran, and a case "memory" ran again, profile_step.py recording the device memory of a step
+# (torch.cuda.memory._record_memory_history, commit 24efe87): on the H200s cross_entropy then returned NULL, with
+# the profiler and without (13-fsdp2/9-final4/profile_*.txt, 12-memory/), and that mode was removed.
+# 13-fsdp2/13-deepcompile-cut ran run.sh directly with the code of ee76544, which times DeepCompile from step 7:
+#   RESULTS=$OUT/r timeout 480 bash run.sh --stages "3 3_deepcompile" --peer fsdp2 --steps 10
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1
@@ -105,15 +108,12 @@ case $2 in
        --no-checkpoint
      RESULTS=$out/r LIMIT=130 timed mb2_no_checkpoint bash run.sh --stages 3 --peer fsdp2 --steps 10 --no-checkpoint
      RESULTS=$out/r LIMIT=130 timed mb16 bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16 ;;
-  final4)  # the committed config against FSDP2 in the three settings that final3 left out, 10 steps; then what
-     # is live at the highest point of a step at micro batch 2, stage 3's and FSDP2's
+  final4)  # the committed config against FSDP2 in the three settings that final3 left out, 10 steps
      nvidia-smi topo -m > "$out/env.txt" 2>&1
      RESULTS=$out/r LIMIT=130 timed mb16_no_checkpoint bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16 \
        --no-checkpoint
      RESULTS=$out/r LIMIT=130 timed mb2_no_checkpoint bash run.sh --stages 3 --peer fsdp2 --steps 10 --no-checkpoint
-     RESULTS=$out/r LIMIT=130 timed mb16 bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16
-     MEMORY=1 LIMIT=80 profile stage3 --stage 3 --steps 4
-     MEMORY=1 LIMIT=80 profile fsdp2 --stage 3 --engine fsdp2 --steps 4 ;;
+     RESULTS=$out/r LIMIT=130 timed mb16 bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16 ;;
   deepcompile)  # DeepCompile past the steps at which it compiles (its first, and its sixth after 5 warm-up steps):
      # 14 steps at micro batch 16 without checkpointing, each step's time in the log
      variant deepcompile compile.deepcompile=true
@@ -124,9 +124,6 @@ case $2 in
      variant deepcompile compile.deepcompile=true
      RESULTS=$out/r LIMIT=${DC_LIMIT:-430} timed deepcompile bash run.sh --stages 3_deepcompile --compile --steps 14
      RESULTS=$out/r LIMIT=130 timed mb2 bash run.sh --stages 3 --peer fsdp2 --steps 10 ;;
-  memory)  # what is live at the highest point of a step at micro batch 2, stage 3's and FSDP2's
-     MEMORY=1 LIMIT=80 profile stage3 --stage 3 --steps 4
-     MEMORY=1 LIMIT=80 profile fsdp2 --stage 3 --engine fsdp2 --steps 4 ;;
   final3)  # final2's first run again, without fast sharding (it gave wrong losses in final2 and levers3)
      RESULTS=$out/r LIMIT=200 timed mb2 bash run.sh --peer fsdp2 --steps 10 ;;
 esac
