@@ -250,15 +250,23 @@ def resolve(args, config, preset, world, host):
     return config, line
 
 
+def first_timed_step(deepcompile, stage):
+    """Step 1 pays for allocations, kernel selection and ZeRO-3's first trace. DeepCompile at stage 3 compiles at
+    step 1 and again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps."""
+    return DEEPCOMPILE_RECOMPILE_STEP + 1 if deepcompile and stage == 3 else 2
+
+
 def deepcompile(config, args, on_gpu, where):
-    """DeepCompile works through engine.compile, so it implies --compile. At stage 3 it compiles at step 1 and
-    again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps; only the steps after that are timed."""
+    """DeepCompile works through engine.compile, so it implies --compile; only the steps after it compiles count
+    for speed."""
     args.deepcompile = field(config, "compile.deepcompile", (bool,), False, where)
-    args.timed_from = DEEPCOMPILE_RECOMPILE_STEP + 1 if args.deepcompile and args.stage == 3 else 2
+    args.timed_from = first_timed_step(args.deepcompile, args.stage)
     if not args.deepcompile:
         return
     if not on_gpu:
         raise BadInput(f"config{where} turns DeepCompile on, which needs GPUs: DeepSpeed builds its ops against CUDA")
+    if args.stage == 0:  # DeepSpeed would fall back to plain torch.compile without a word
+        raise BadInput(f"config{where} turns DeepCompile on at stage 0; DeepCompile compiles ZeRO stages 1 to 3")
     if args.stage == 3 and args.steps <= args.timed_from:
         raise BadInput(f"config{where} turns DeepCompile on, which compiles at step 1 and again at step "
                        f"{DEEPCOMPILE_RECOMPILE_STEP}: give --steps {args.timed_from + 1} or more, to time a step "

@@ -68,7 +68,7 @@ class Record:
     launcher: str
     mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
-    timed_from: int = 2  # the first step that counts for speed: options.deepcompile
+    timed_from: int = 2  # the first step that counts for speed: options.first_timed_step
     gpus: int = None
     ranks_per_node: int = None
     ranks_per_gpu: int = None
@@ -139,23 +139,31 @@ class Record:
 
     @property
     def step_time_s(self) -> float:
-        """The median over steps timed_from..N, but for a step run under the profiler: step 1 pays for
-        allocations, kernel selection and ZeRO-3's first trace, and DeepCompile compiles at 1 and again later."""
-        times = [s for s in self.steps if not s.get("comm_s")]
-        timed = [s["time_s"] for s in times if s["step"] >= self.timed_from] or [s["time_s"] for s in times]
+        """The median over steps timed_from..N (options.first_timed_step), but for a step run under the
+        profiler; a run of one step is timed on that step. None for a DeepCompile run that stopped before it was
+        timed: its steps are compiles."""
+        unprofiled = [s for s in self.steps if not s.get("comm_s")]
+        timed = [s["time_s"] for s in unprofiled if s["step"] >= self.timed_from]
+        if not timed and self.timed_from == 2:
+            timed = [s["time_s"] for s in unprofiled]
         return statistics.median(timed) if timed else None
+
+    def counted_comm(self) -> dict:
+        """The last step's collectives as accounting.comms counted them; None with DeepCompile, whose own op
+        calls NCCL from C++, where the count does not reach."""
+        return None if self.deepcompile else last_step(self, "comm")
 
     @property
     def comm_bytes(self) -> dict:
         """Bytes per kind of collective in the last step (nccl-tests' sizes: accounting.comms)."""
-        last = None if self.deepcompile else last_step(self, "comm")
+        last = self.counted_comm()
         return {kind: c["bytes"] for kind, c in last.items()} if last else None
 
     @property
     def comm_volume(self) -> float:
         """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
         the gradients, 3 for stage 3."""
-        last = None if self.deepcompile else last_step(self, "comm")
+        last = self.counted_comm()
         return predict.volume(last, self.params_total) if last and self.params_total else None
 
     @property
@@ -174,7 +182,7 @@ class Record:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.world_size * self.micro_batch * self.seq / self.step_time_s if self.steps else None
+        return self.world_size * self.micro_batch * self.seq / self.step_time_s if self.step_time_s else None
 
     @property
     def tflops_per_gpu(self) -> float:

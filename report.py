@@ -292,17 +292,28 @@ def check_loss(dense, zero3):
     return ("FAIL" if misses else "PASS"), detail + ("; MISSED: " + ", ".join(misses) if misses else "")
 
 
+def plain(records):
+    """A DeepSpeed run without offload: what (a) to (c) and the FSDP2 lines compare."""
+    return not offloads(records) and not peer(records)
+
+
 def pairs(runs):
     """{world size: (stage-0 records, stage-3 records)}, at each world size the first run of each stage in
-    reference_rank's order: a stage's own config before its variants."""
+    reference_rank's order (a stage's own config before its variants), the stage-3 run compiled as stage 0's
+    is or not: compiling changes the peak that (b) compares."""
     found = {}
     for records in sorted((rs for rs in runs.values() if rs), key=lambda rs: reference_rank(rs[0])):
-        if records and records[0]["stage"] in (0, 3) and not offloads(records) and not peer(records):
+        if records[0]["stage"] in (0, 3) and plain(records):
             dense, zero3 = found.setdefault(records[0]["world_size"], ([], []))
-            chosen = dense if records[0]["stage"] == 0 else zero3
-            if not chosen:
-                chosen.extend(records)
+            if records[0]["stage"] == 0 and not dense:
+                dense.extend(records)
+            elif records[0]["stage"] == 3 and not zero3 and (not dense or same_compile(dense, records)):
+                zero3.extend(records)
     return found
+
+
+def same_compile(a, b):
+    return bool(a[0].get("compile")) == bool(b[0].get("compile"))
 
 
 def check_pair(dense, zero3):
@@ -339,8 +350,9 @@ def check_promises(runs):
 
 
 def reference_rank(r):
-    """Stage 0 first; then a stage's own config before variants of it, and DeepSpeed before its peer."""
-    return (r["stage"] != 0, not str(r["config"]).endswith(f"ds_config_stage{r['stage']}.json"),
+    """Stage 0 first; then an eager run before a compiled one, a stage's own config before variants of it, and
+    DeepSpeed before its peer."""
+    return (r["stage"] != 0, bool(r.get("compile")), not str(r["config"]).endswith(f"ds_config_stage{r['stage']}.json"),
             r.get("engine", "deepspeed") != "deepspeed")
 
 
@@ -371,29 +383,30 @@ def peer(records):
     return records[0].get("engine", "deepspeed") != "deepspeed"
 
 
-def stage3_runs(runs, world):
-    """{name: records} of DeepSpeed's stage-3 runs without offload at this number of ranks, in reference_rank's
-    order: the stage's own config first, then its variants (DeepCompile, ...)."""
-    found = [(name, rs) for name, rs in runs.items() if rs and rs[0]["stage"] == 3 and rs[0]["world_size"] == world
-             and not offloads(rs) and not peer(rs)]
+def stage3_runs(runs, peer_run):
+    """{name: records} of DeepSpeed's stage-3 runs without offload with the peer's settings (compiled or not), in
+    reference_rank's order: the stage's own config first, then its variants (DeepCompile, ...)."""
+    settings = [key for key in SAME_IN_BOTH if key != "compile"]
+    found = [(name, rs) for name, rs in runs.items() if rs and rs[0]["stage"] == 3 and plain(rs)
+             and all(rs[0].get(key) == peer_run.get(key) for key in settings)]
     return dict(sorted(found, key=lambda item: reference_rank(item[1][0])))
 
 
 def peer_lines(runs):
-    """Each stage-3 run against FSDP2 at the same number of ranks: speed, peak memory, communication, losses."""
+    """Each stage-3 run against FSDP2 with the same settings: speed, peak memory, communication, losses."""
     lines = []
     for name, rs in runs.items():
         if not rs or not peer(rs):
             continue
-        for name3, zero3 in (stage3_runs(runs, rs[0]["world_size"]) or {"stage 3": None}).items():
-            label = "stage 3" if not zero3 or not reference_rank(zero3[0])[1] else name3
-            lines.append(f"{label} against {name}: " + peer_line(zero3, rs, name))
+        for name3, zero3 in (stage3_runs(runs, rs[0]) or {"stage3": None}).items():
+            label = "stage 3" if name3 == "stage3" else name3
+            lines.append(f"{label} against {name}: " + peer_line(zero3, label, rs, name))
     return lines
 
 
-def peer_line(zero3, rs, name):
+def peer_line(zero3, label, rs, name):
     if failed(rs) or not zero3 or failed(zero3):
-        return f"{name} {status(rs)}, stage 3 {status(zero3) if zero3 else 'not run'}"
+        return f"{name} {status(rs)}, {label} {status(zero3) if zero3 else 'not run'}"
     a, b = zero3[0], rs[0]
     volume = (f", communication {a['comm_volume']:.2f} against {b['comm_volume']:.2f} x the parameters per step"
               if a.get("comm_volume") and b.get("comm_volume") else "")
@@ -401,15 +414,16 @@ def peer_line(zero3, rs, name):
     losses = (f"the losses agree to {anywhere:.2%} at every step" if same else
               f"the losses DIFFER, by {step1:.3%} at step 1 and up to {anywhere:.2%}: the two do not train the "
               "same model")
-    return (f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x its tokens/s, peak memory "
-            f"{size(worst(zero3, 'peak_mem_bytes'))} against {size(worst(rs, 'peak_mem_bytes'))}{volume}; " + losses)
+    speed = f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x its tokens/s" if a.get("tokens_per_s") else "not timed"
+    return (f"{speed}, peak memory {size(worst(zero3, 'peak_mem_bytes'))} against {size(worst(rs, 'peak_mem_bytes'))}"
+            f"{volume}; " + losses)
 
 
 def compile_lines(runs):
     """What DeepCompile cost, and what its figures leave out."""
     lines = []
     for name, rs in runs.items():
-        if not rs or not rs[0].get("deepcompile") or not rs[0]["steps"]:
+        if failed(rs) or not rs[0].get("deepcompile"):  # a failed run's status is in the table
             continue
         timed_from = rs[0]["timed_from"]
         took = " and ".join(f"{s['time_s']:.0f} s at step {s['step']}" for s in rs[0]["steps"]

@@ -12,6 +12,8 @@
 # the profiler and without (13-fsdp2/9-final4/profile_*.txt, 12-memory/), and that mode was removed.
 # 13-fsdp2/13-deepcompile-cut ran run.sh directly with the code of ee76544, which times DeepCompile from step 7:
 #   RESULTS=$OUT/r timeout 480 bash run.sh --stages "3 3_deepcompile" --peer fsdp2 --steps 10
+# deepcompile and deepcompile_mb2 wrote ds_config_stage3_deepcompile.json with variant; it is committed since, the
+# same, and they pass --compile, which it now implies.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1
@@ -116,12 +118,10 @@ case $2 in
      RESULTS=$out/r LIMIT=130 timed mb16 bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16 ;;
   deepcompile)  # DeepCompile past the steps at which it compiles (its first, and its sixth after 5 warm-up steps):
      # 14 steps at micro batch 16 without checkpointing, each step's time in the log
-     variant deepcompile compile.deepcompile=true
      TORCH_LOGS=graph_breaks,recompiles RESULTS=$out/r LIMIT=${DC_LIMIT:-560} timed deepcompile bash run.sh \
        --stages 3_deepcompile --compile --steps 14 --micro-batch 16 --no-checkpoint ;;
   deepcompile_mb2)  # DeepCompile at run.sh's default (micro batch 2, checkpointing), 14 steps; then stage 3 and
      # FSDP2 in the same call, 10 steps
-     variant deepcompile compile.deepcompile=true
      RESULTS=$out/r LIMIT=${DC_LIMIT:-430} timed deepcompile bash run.sh --stages 3_deepcompile --compile --steps 14
      RESULTS=$out/r LIMIT=130 timed mb2 bash run.sh --stages 3 --peer fsdp2 --steps 10 ;;
   final3)  # final2's first run again, without fast sharding (it gave wrong losses in final2 and levers3)

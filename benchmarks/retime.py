@@ -20,7 +20,7 @@ FIELDS = {f.name for f in fields(record.Record)}
 def retimed(log):
     r = report.read_results(log)[0]
     deepcompile = "deepcompile" in Path(r["config"]).name  # the logs predate the field
-    timing = {"deepcompile": deepcompile, "timed_from": options.DEEPCOMPILE_RECOMPILE_STEP + 1 if deepcompile else 2}
+    timing = {"deepcompile": deepcompile, "timed_from": options.first_timed_step(deepcompile, r["stage"])}
     return record.Record(**{**{k: v for k, v in r.items() if k in FIELDS}, **timing})
 
 
