@@ -246,7 +246,8 @@ def resolve(args, config, preset, world, host):
     compiled = ", DeepCompile (from the config)" if args.deepcompile else ", compiled" if args.compile else ""
     line = (f"{engine}stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank "
             f"(from {batch_source}) x {world} rank(s), lr {rate}, optimizer "
-            f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}{compiled}, config {args.config}")
+            f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}{compiled}, "
+            f"config {args.config}")
     return config, line
 
 

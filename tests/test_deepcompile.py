@@ -61,8 +61,8 @@ def test_deepcompile_is_refused_at_stage_0_where_deepspeed_would_quietly_not_use
 def steps_compiling_at(*compiles, n=RECOMPILE + 4):
     """n steps of 1 s, the compiling ones COMPILE_S, the last under the profiler."""
     return [{"step": i, "loss": 5.0, "time_s": COMPILE_S if i in compiles else 1.0 + i / 100,
-             "comm": {"all_gather": {"bytes": 10, "elems": 5, "calls": 1}}, **({"comm_s": {"all_gather": 0.1}} if i == n else {})}
-            for i in range(1, n + 1)]
+             "comm": {"all_gather": {"bytes": 10, "elems": 5, "calls": 1}},
+             **({"comm_s": {"all_gather": 0.1}} if i == n else {})} for i in range(1, n + 1)]
 
 
 def test_a_deepcompile_run_is_timed_from_the_step_after_it_compiles_again():
