@@ -261,16 +261,16 @@ def deepcompile(config, args, on_gpu, where):
     """DeepCompile works through engine.compile, so it implies --compile; only the steps after it compiles count
     for speed."""
     args.deepcompile = field(config, "compile.deepcompile", (bool,), False, where)
-    args.timed_from = first_timed_step(args.deepcompile, args.stage)
     if not args.deepcompile:
         return
     if not on_gpu:
         raise BadInput(f"config{where} turns DeepCompile on, which needs GPUs: DeepSpeed builds its ops against CUDA")
     if args.stage == 0:  # DeepSpeed would fall back to plain torch.compile without a word
         raise BadInput(f"config{where} turns DeepCompile on at stage 0; DeepCompile compiles ZeRO stages 1 to 3")
-    if args.stage == 3 and args.steps <= args.timed_from:
+    timed_from = first_timed_step(args.deepcompile, args.stage)
+    if args.stage == 3 and args.steps <= timed_from:
         raise BadInput(f"config{where} turns DeepCompile on, which compiles at step 1 and again at step "
-                       f"{DEEPCOMPILE_RECOMPILE_STEP}: give --steps {args.timed_from + 1} or more, to time a step "
+                       f"{DEEPCOMPILE_RECOMPILE_STEP}: give --steps {timed_from + 1} or more, to time a step "
                        f"after that besides the profiled last one (--steps is {args.steps})")
     args.compile = True
 

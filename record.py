@@ -9,6 +9,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 
+import options
 from accounting import explain, predict
 from formatting import fmt, gib, pct, relative_error, size
 
@@ -68,7 +69,6 @@ class Record:
     launcher: str
     mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
-    timed_from: int = 2  # the first step that counts for speed: options.first_timed_step
     gpus: int = None
     ranks_per_node: int = None
     ranks_per_gpu: int = None
@@ -138,8 +138,13 @@ class Record:
         return not all(math.isfinite(s["loss"]) for s in self.steps)
 
     @property
+    def timed_from(self) -> int:
+        """The first step that counts for speed."""
+        return options.first_timed_step(self.deepcompile, self.stage)
+
+    @property
     def step_time_s(self) -> float:
-        """The median over steps timed_from..N (options.first_timed_step), but for a step run under the
+        """The median over steps timed_from..N, but for a step run under the
         profiler; a run of one step is timed on that step. None for a DeepCompile run that stopped before it was
         timed: its steps are compiles."""
         unprofiled = [s for s in self.steps if not s.get("comm_s")]

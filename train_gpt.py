@@ -412,11 +412,10 @@ def main(argv=None):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log(rank, how)
     args.offload = options.offload_devices(config)
-    facts = {"stage": args.stage, "rank": rank, "world_size": world, "model": args.model, "config": str(args.config),
-             **{k: getattr(args, k) for k in ("engine", "dtype", "micro_batch", "seq", "lr", "warmup", "seed",
-                                              "checkpoint", "compile", "deepcompile", "timed_from", "max_mem_gib",
-                                              "timeout_s", "offload")},
-             "launcher": launcher, "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss"}
+    facts = {"rank": rank, "world_size": world, "config": str(args.config), "launcher": launcher,
+             "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss", **{k: getattr(args, k) for k in (
+                 "stage", "model", "engine", "dtype", "micro_batch", "seq", "lr", "warmup", "seed", "checkpoint",
+                 "compile", "deepcompile", "max_mem_gib", "timeout_s", "offload")}}
     m, status, failure = record.Measured(), EXIT["done"], {}
     try:
         run(args, config, facts, m)

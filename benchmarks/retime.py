@@ -10,7 +10,6 @@ from dataclasses import fields
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import options  # noqa: E402
 import record  # noqa: E402
 import report  # noqa: E402
 
@@ -20,8 +19,7 @@ FIELDS = {f.name for f in fields(record.Record)}
 def retimed(log):
     r = report.read_results(log)[0]
     deepcompile = "deepcompile" in Path(r["config"]).name  # the logs predate the field
-    timing = {"deepcompile": deepcompile, "timed_from": options.first_timed_step(deepcompile, r["stage"])}
-    return record.Record(**{**{k: v for k, v in r.items() if k in FIELDS}, **timing})
+    return record.Record(**{**{k: v for k, v in r.items() if k in FIELDS}, "deepcompile": deepcompile})
 
 
 def main(logs):

@@ -40,7 +40,7 @@ def deepcompile_args(steps, stage=3):
 
 def test_deepcompile_implies_compile_and_is_timed_after_its_second_compile():
     args = deepcompile_args(RECOMPILE + 2)
-    assert args.compile and args.deepcompile and args.timed_from == RECOMPILE + 1
+    assert args.compile and args.deepcompile and options.first_timed_step(True, 3) == RECOMPILE + 1
 
 
 def test_deepcompile_needs_a_timed_step_after_its_second_compile_besides_the_profiled_last():
@@ -50,7 +50,7 @@ def test_deepcompile_needs_a_timed_step_after_its_second_compile_besides_the_pro
 
 
 def test_deepcompile_compiles_once_below_stage_3():
-    assert deepcompile_args(2, stage=1).timed_from == 2
+    assert deepcompile_args(2, stage=1).compile and options.first_timed_step(True, 1) == 2
 
 
 def test_deepcompile_is_refused_at_stage_0_where_deepspeed_would_quietly_not_use_it():
@@ -67,7 +67,7 @@ def steps_compiling_at(*compiles, n=RECOMPILE + 4):
 
 def test_a_deepcompile_run_is_timed_from_the_step_after_it_compiles_again():
     steps = steps_compiling_at(1, RECOMPILE)
-    r = record.Record(**facts(3), deepcompile=True, timed_from=RECOMPILE + 1, steps=steps, params_total=1000)
+    r = record.Record(**facts(3), deepcompile=True, steps=steps, params_total=1000)
     assert r.step_time_s == pytest.approx(statistics.median(s["time_s"] for s in steps[RECOMPILE:-1]))
 
 
@@ -78,13 +78,13 @@ def test_an_eager_run_is_timed_from_step_2():
 
 
 def test_a_deepcompile_run_that_stopped_before_it_was_timed_has_no_speed():
-    r = record.Record(**facts(3), deepcompile=True, timed_from=RECOMPILE + 1,
+    r = record.Record(**facts(3), deepcompile=True,
                       steps=steps_compiling_at(1, n=RECOMPILE - 1), params_total=1000)
     assert r.step_time_s is None and r.tokens_per_s is None
 
 
 def test_deepcompile_s_collectives_are_not_counted_rather_than_undercounted():
-    r = record.Record(**facts(3), deepcompile=True, timed_from=RECOMPILE + 1, steps=steps_compiling_at(1, RECOMPILE),
+    r = record.Record(**facts(3), deepcompile=True, steps=steps_compiling_at(1, RECOMPILE),
                       params_total=1000)
     assert r.comm_bytes is None and r.comm_volume is None and r.busbw is None
 
@@ -100,7 +100,7 @@ def with_deepcompile_run(folder, tmp_path, edit=lambda r: r):
         losses = r["losses"] + [r["losses"][-1]] * (RECOMPILE + 4 - len(r["losses"]))
         steps = [{**s, "loss": loss} for s, loss in zip(steps_compiling_at(1, RECOMPILE), losses)]
         r = edit({**r, "config": str(ROOT / "ds_config_stage3_deepcompile.json"), "compile": True,
-                  "deepcompile": True, "timed_from": RECOMPILE + 1, "steps": steps})
+                  "deepcompile": True, "steps": steps})
         return record.as_dict(record.Record(**{k: v for k, v in r.items() if k in FIELDS}))
     return planted(copy, tmp_path, "stage3_deepcompile", as_deepcompile)
 
