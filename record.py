@@ -144,9 +144,8 @@ class Record:
 
     @property
     def step_time_s(self) -> float:
-        """The median over steps timed_from..N, but for a step run under the
-        profiler; a run of one step is timed on that step. None for a DeepCompile run that stopped before it was
-        timed: its steps are compiles."""
+        """The median over steps timed_from..N, but for a step run under the profiler; a run of one step is timed
+        on that step. None for a DeepCompile run that stopped before it was timed: its steps are compiles."""
         unprofiled = [s for s in self.steps if not s.get("comm_s")]
         timed = [s["time_s"] for s in unprofiled if s["step"] >= self.timed_from]
         if not timed and self.timed_from == 2:

@@ -23,9 +23,11 @@ from formatting import EXIT, fmt, format_table, relative_error, gib, other_bytes
 MEMORY_SLACK = 1.25
 # Both runs of a comparison must agree on these, or they compare different things.
 SAME_IN_BOTH = ("model", "world_size", "micro_batch", "seq", "dtype", "seed", "checkpoint", "compile", "max_mem_gib")
-# (e) compares the losses of runs that agree on these as well; compiling must not change them (engine.compile
-# raced on two H200s: BENCHMARKS.md, section 11)
-SAME_TRAINING = tuple(key for key in SAME_IN_BOTH if key != "compile") + ("lr", "warmup")
+# The same settings, compiled or not: compiling must not change the losses (engine.compile raced on two H200s:
+# BENCHMARKS.md, section 11). FSDP2 is set against the stage-3 runs that agree on these.
+SAME_COMPILED_OR_NOT = tuple(key for key in SAME_IN_BOTH if key != "compile")
+# (e) compares the losses of runs that agree on these.
+SAME_TRAINING = SAME_COMPILED_OR_NOT + ("lr", "warmup")
 # Both stages train the same model on the same data with the same recipe, so their losses differ only by
 # rounding, at every step.
 LOSS_RTOL = 0.01
@@ -386,9 +388,8 @@ def peer(records):
 def stage3_runs(runs, peer_run):
     """{name: records} of DeepSpeed's stage-3 runs without offload with the peer's settings (compiled or not), in
     reference_rank's order: the stage's own config first, then its variants (DeepCompile, ...)."""
-    settings = [key for key in SAME_IN_BOTH if key != "compile"]
     found = [(name, rs) for name, rs in runs.items() if rs and rs[0]["stage"] == 3 and plain(rs)
-             and all(rs[0].get(key) == peer_run.get(key) for key in settings)]
+             and all(rs[0].get(key) == peer_run.get(key) for key in SAME_COMPILED_OR_NOT)]
     return dict(sorted(found, key=lambda item: reference_rank(item[1][0])))
 
 
