@@ -2,7 +2,8 @@
 # Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers. Each case names its
 # steps (8, 12, 6, 10 or 14).
 #   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final|profile|levers2|levers3|final2|final3|final4|
-#     deepcompile|deepcompile_mb2
+#     deepcompile|deepcompile_mb2|live|final5|deepcompile_peer|
+#     timeline_mb16
 # A variant changes settings of ds_config_stage3.json as it stands, written as ds_config_stage3_<name>.json
 # beside it for the run only. ds_config_stage3.json changed between cases: peer to levers3 ran with the config of
 # commit 84766b7, final2 with 8d38ab2's plus "stage3_module_granularity_threshold": 1 (fast sharding), final3
@@ -40,6 +41,11 @@ profile() {  # profile NAME [train_gpt.py options]: the last step's profile per 
   local name=$1; shift
   PROFILE_OUT=$out/profile PROFILE_TAG=$name timed "profile_$name" \
     deepspeed --num_gpus 2 benchmarks/profile_step.py "$@"
+}
+timeline() {  # timeline NAME [train_gpt.py options]: memory at each gather and release, under $out/timeline
+  local name=$1; shift
+  TIMELINE_OUT=$out/timeline TIMELINE_TAG=$name timed "timeline_$name" \
+    deepspeed --num_gpus 2 benchmarks/memory_timeline.py "$@"
 }
 case $2 in
   peer) nvidia-smi topo -m > "$out/env.txt" 2>&1
@@ -124,6 +130,35 @@ case $2 in
      # FSDP2 in the same call, 10 steps
      RESULTS=$out/r LIMIT=${DC_LIMIT:-430} timed deepcompile bash run.sh --stages 3_deepcompile --compile --steps 14
      RESULTS=$out/r LIMIT=130 timed mb2 bash run.sh --stages 3 --peer fsdp2 --steps 10 ;;
+  live)  # the peak at micro batch 2 with checkpointing: where each engine's step peaks (4 steps), then a lower
+     # stage3_max_live_parameters, which caps the parameters that DeepSpeed's prefetcher gathers ahead (8 steps)
+     nvidia-smi topo -m > "$out/env.txt" 2>&1
+     variant live1e8 stage3_max_live_parameters=1e8
+     variant live5e7 stage3_max_live_parameters=5e7
+     variant live1e8rb2e7 stage3_max_live_parameters=1e8 reduce_bucket_size=2e7
+     variant live1e8sg3e7 stage3_max_live_parameters=1e8 sub_group_size=3e7
+     timeline stage3 --stage 3 --steps 4
+     timeline fsdp2 --stage 3 --engine fsdp2 --steps 4
+     timeline stage3_live1e8 --config ds_config_stage3_live1e8.json --steps 4
+     RESULTS=$out/r LIMIT=300 timed mb2 bash run.sh --stages "3 3_live1e8 3_live5e7 3_live1e8rb2e7 3_live1e8sg3e7" \
+       --peer fsdp2 --steps 8
+     RESULTS=$out/r LIMIT=150 timed mb16 bash run.sh --stages "3 3_live1e8" --peer fsdp2 --steps 8 --micro-batch 16 ;;
+  final5)  # stage3_max_live_parameters 1e8 committed: run.sh's default, then the other three settings against FSDP2,
+     # and at micro batch 16 without checkpointing (the speed goal's setting) the former 1e9 beside it; 10 steps
+     nvidia-smi topo -m > "$out/env.txt" 2>&1
+     variant live1e9 stage3_max_live_parameters=1e9
+     RESULTS=$out/r LIMIT=150 timed mb2 bash run.sh --peer fsdp2 --steps 10
+     RESULTS=$out/r LIMIT=160 timed mb16_no_checkpoint bash run.sh --stages "3 3_live1e9" --peer fsdp2 --steps 10 \
+       --micro-batch 16 --no-checkpoint
+     RESULTS=$out/r LIMIT=100 timed mb16 bash run.sh --stages 3 --peer fsdp2 --steps 10 --micro-batch 16
+     RESULTS=$out/r LIMIT=100 timed mb2_no_checkpoint bash run.sh --stages 3 --peer fsdp2 --steps 10 --no-checkpoint ;;
+  deepcompile_peer)  # run.sh's own DeepCompile run and FSDP2 in one call, at micro batch 16 without checkpointing,
+     # 14 steps (DeepCompile is timed from step 7)
+     RESULTS=$out/r LIMIT=540 timed mb16_no_checkpoint bash run.sh --stages 3_deepcompile --peer fsdp2 --steps 14 \
+       --micro-batch 16 --no-checkpoint ;;
+  timeline_mb16)  # where each engine's step peaks at micro batch 16 without checkpointing, 4 steps
+     timeline stage3_mb16_no_checkpoint --stage 3 --steps 4 --micro-batch 16 --no-checkpoint
+     timeline fsdp2_mb16_no_checkpoint --stage 3 --engine fsdp2 --steps 4 --micro-batch 16 --no-checkpoint ;;
   final3)  # final2's first run again, without fast sharding (it gave wrong losses in final2 and levers3)
      RESULTS=$out/r LIMIT=200 timed mb2 bash run.sh --peer fsdp2 --steps 10 ;;
 esac

@@ -1,0 +1,133 @@
+"""
+Where the peak of a step goes (issue 13), without recording the allocator's history (which broke the step on
+the H200s): train_gpt.py as it is, with the device memory allocated, the running peak, and (ZeRO-3) the
+elements of the gathered non-persistent parameters written at each gather and release of parameters, at the
+forward of each top-level module and around backward and the optimizer step. One CSV per rank; rank 0 prints
+the last step's largest moments and where its peak was reached.
+  TIMELINE_OUT=dir TIMELINE_TAG=name deepspeed --num_gpus 2 benchmarks/memory_timeline.py [train_gpt.py options]
+"""
+import csv
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import train_gpt  # noqa: E402
+
+OUT = Path(os.environ.get("TIMELINE_OUT", "timeline"))
+TAG = os.environ.get("TIMELINE_TAG", "run")
+RANK = os.environ.get("RANK", "0")
+TOP_LEVEL = re.compile(r"^(wte|wpe|blocks\.\d+|ln_f|lm_head)$")
+GiB = 2 ** 30
+# on CPU ranks (a dry run of the wiring) only the gathered elements mean anything
+allocated, peak = ((torch.cuda.memory_allocated, torch.cuda.max_memory_allocated) if torch.cuda.is_available()
+                   else (lambda: 0, lambda: 0))
+rows, state = [], {"step": 1, "params": [], "names": {}}
+
+
+def gathered_elements():
+    """Elements of the ZeRO-3 parameters that are whole on this rank now, persistent ones left out."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    return sum(p.ds_numel for p in state["params"]
+               if getattr(p, "ds_status", None) == ZeroParamStatus.AVAILABLE and not p.ds_persist)
+
+
+def note(event, where=""):
+    rows.append({"step": state["step"], "event": event, "where": where,
+                 "allocated_gib": allocated() / GiB,
+                 "peak_gib": peak() / GiB,
+                 "gathered_elements": gathered_elements()})
+
+
+def after(owner, name, event, where_of):
+    original = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):
+        result = original(*args, **kwargs)
+        note(event, where_of(*args, **kwargs))
+        return result
+    setattr(owner, name, wrapped)
+
+
+def watch_zero3():
+    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
+
+    def where(self, module, forward=False):
+        return f"{state['names'].get(module, type(module).__name__)} {'fwd' if forward else 'bwd'}"
+    after(C, "fetch_sub_module", "gathered", where)
+    after(C, "release_sub_module", "released", where)
+
+
+def watch_fsdp2():
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup as G
+
+    def where(self, *args, **kwargs):
+        return str(self._module_fqn)
+    for name in ("wait_for_unshard", "reshard", "post_backward"):
+        after(G, name, name, where)
+
+
+def watch(engine):
+    model = engine.module
+    state["params"] = list(model.parameters())
+    state["names"] = {m: n or "model" for n, m in model.named_modules()}
+    for module, name in state["names"].items():
+        if TOP_LEVEL.match(name):
+            module.register_forward_pre_hook(lambda m, a, name=name: note("forward", name))
+            module.register_forward_hook(lambda m, a, o, name=name: note("forward done", name))
+    for method, event in (("backward", "backward"), ("step", "optimizer step")):
+        original = getattr(engine, method)
+
+        def wrapped(*args, original=original, event=event, **kwargs):
+            note(event)
+            result = original(*args, **kwargs)
+            note(f"{event} done")
+            state["step"] += event == "optimizer step"
+            return result
+        setattr(engine, method, wrapped)
+
+
+def summary(steps):
+    last = [r for r in rows if r["step"] == steps]
+    peak = max(r["peak_gib"] for r in last)
+    reached = next(i for i, r in enumerate(last) if r["peak_gib"] >= peak - 1e-6)
+    lines = [f"step {steps}: peak {peak:.2f} GiB, first seen at event {reached} of {len(last)}: "
+             f"between {last[reached - 1]['event']} {last[reached - 1]['where']} and "
+             f"{last[reached]['event']} {last[reached]['where']}" if reached else f"step {steps}: peak {peak:.2f} GiB"]
+    lines.append(f"most gathered: {max(r['gathered_elements'] for r in last):,} elements")
+    for r in sorted(last, key=lambda r: -r["allocated_gib"])[:12]:
+        lines.append(f"  {r['allocated_gib']:6.2f} GiB allocated, {r['gathered_elements']:>12,} gathered: "
+                     f"{r['event']} {r['where']}")
+    return "\n".join(lines)
+
+
+build_engine, train = train_gpt.build_engine, train_gpt.train
+
+
+def watched_engine(model, args, config):
+    engine = build_engine(model, args, config)
+    (watch_fsdp2 if args.engine == "fsdp2" else watch_zero3)()
+    watch(engine)
+    return engine
+
+
+def watched_train(engine, args, *rest):
+    try:
+        train(engine, args, *rest)
+    finally:
+        OUT.mkdir(parents=True, exist_ok=True)
+        with open(OUT / f"{TAG}_rank{RANK}.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        if RANK == "0":
+            text = summary(args.steps)
+            (OUT / f"{TAG}_summary.txt").write_text(text + "\n")
+            print(text, flush=True)
+
+
+train_gpt.build_engine, train_gpt.train = watched_engine, watched_train
+train_gpt.main()
