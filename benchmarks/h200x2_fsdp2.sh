@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers. Each case names its
-# steps (8, 12, 6, 10 or 14).
+# steps (4, 6, 8, 10, 12 or 14).
 #   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final|profile|levers2|levers3|final2|final3|final4|
 #     deepcompile|deepcompile_mb2|live|final5|deepcompile_peer|
 #     timeline_mb16
