@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 import torch
+from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_gpt  # noqa: E402
@@ -29,8 +32,8 @@ rows, state = [], {"step": 1, "params": [], "names": {}}
 
 
 def gathered_elements():
-    """Elements of the ZeRO-3 parameters that are whole on this rank now, persistent ones left out."""
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    """Elements of the ZeRO-3 parameters that are whole on this rank now, persistent ones and those still in
+    flight (prefetched, not yet waited for) left out."""
     return sum(p.ds_numel for p in state["params"]
                if getattr(p, "ds_status", None) == ZeroParamStatus.AVAILABLE and not p.ds_persist)
 
@@ -53,21 +56,17 @@ def after(owner, name, event, where_of):
 
 
 def watch_zero3():
-    from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as C
-
     def where(self, module, forward=False):
         return f"{state['names'].get(module, type(module).__name__)} {'fwd' if forward else 'bwd'}"
-    after(C, "fetch_sub_module", "gathered", where)
-    after(C, "release_sub_module", "released", where)
+    after(PartitionedParameterCoordinator, "fetch_sub_module", "gathered", where)
+    after(PartitionedParameterCoordinator, "release_sub_module", "released", where)
 
 
 def watch_fsdp2():
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup as G
-
     def where(self, *args, **kwargs):
         return str(self._module_fqn)
     for name in ("wait_for_unshard", "reshard", "post_backward"):
-        after(G, name, name, where)
+        after(FSDPParamGroup, name, name, where)
 
 
 def watch(engine):
