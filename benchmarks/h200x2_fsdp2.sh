@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 13 on 2 H200s: ZeRO-3 against FSDP2 (run.sh --peer fsdp2) and the stage-3 levers. Each case names its
-# steps (4, 6, 8, 10, 12 or 14).
+# steps (4, 6, 8, 10, 12, 14 or 20).
 #   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final|profile|levers2|levers3|final2|final3|final4|
 #     deepcompile|deepcompile_mb2|live|final5|deepcompile_peer|
-#     timeline_mb16
+#     timeline_mb16|repeat_mb16|repeat_mb2
 # A variant changes settings of ds_config_stage3.json as it stands, written as ds_config_stage3_<name>.json
 # beside it for the run only. ds_config_stage3.json changed between cases: peer to levers3 ran with the config of
 # commit 84766b7, final2 with 8d38ab2's plus "stage3_module_granularity_threshold": 1 (fast sharding), final3
@@ -156,6 +156,12 @@ case $2 in
      # 14 steps (DeepCompile is timed from step 7)
      RESULTS=$out/r LIMIT=540 timed mb16_no_checkpoint bash run.sh --stages 3_deepcompile --peer fsdp2 --steps 14 \
        --micro-batch 16 --no-checkpoint ;;
+  repeat_mb16 | repeat_mb2)  # DeepCompile and FSDP2 again in one call, 20 steps (DeepCompile timed from step 7): the
+     # speed goals' two settings, micro batch 16 without checkpointing and run.sh's default
+     nvidia-smi topo -m > "$out/env.txt" 2>&1
+     settings=(--micro-batch 16 --no-checkpoint); [ "$2" = repeat_mb16 ] || settings=()
+     RESULTS=$out/r LIMIT=${LIMIT:-520} timed "$2" bash run.sh --stages 3_deepcompile --peer fsdp2 --steps 20 \
+       "${settings[@]}" ;;
   timeline_mb16)  # where each engine's step peaks at micro batch 16 without checkpointing, 4 steps
      timeline stage3_mb16_no_checkpoint --stage 3 --steps 4 --micro-batch 16 --no-checkpoint
      timeline fsdp2_mb16_no_checkpoint --stage 3 --engine fsdp2 --steps 4 --micro-batch 16 --no-checkpoint ;;
