@@ -3,7 +3,7 @@
 # steps (4, 6, 8, 10, 12, 14 or 20).
 #   bash benchmarks/h200x2_fsdp2.sh OUT_DIR peer|sweep|levers|final|profile|levers2|levers3|final2|final3|final4|
 #     deepcompile|deepcompile_mb2|live|final5|deepcompile_peer|
-#     timeline_mb16|repeat_mb16|repeat_mb2
+#     timeline_mb16|repeat_mb16|repeat_mb2|deepcompile_sub1e9
 # A variant changes settings of ds_config_stage3.json as it stands, written as ds_config_stage3_<name>.json
 # beside it for the run only. ds_config_stage3.json changed between cases: peer to levers3 ran with the config of
 # commit 84766b7, final2 with 8d38ab2's plus "stage3_module_granularity_threshold": 1 (fast sharding), final3
@@ -162,6 +162,11 @@ case $2 in
      settings=(--micro-batch 16 --no-checkpoint); [ "$2" = repeat_mb16 ] || settings=()
      RESULTS=$out/r LIMIT=${LIMIT:-520} timed "$2" bash run.sh --stages 3_deepcompile --peer fsdp2 --steps 20 \
        "${settings[@]}" ;;
+  deepcompile_sub1e9)  # DeepCompile at micro batch 16 without checkpointing, with optimizer sub-groups of 1e9
+     # elements (DeepSpeed's default) instead of 1e8: a faster step for more memory? 12 steps, FSDP2 beside it
+     variant deepcompile_sub1e9 sub_group_size=1e9 compile.deepcompile=true
+     RESULTS=$out/r LIMIT=${LIMIT:-520} timed "$2" bash run.sh --stages 3_deepcompile_sub1e9 --peer fsdp2 --steps 12 \
+       --micro-batch 16 --no-checkpoint ;;
   timeline_mb16)  # where each engine's step peaks at micro batch 16 without checkpointing, 4 steps
      timeline stage3_mb16_no_checkpoint --stage 3 --steps 4 --micro-batch 16 --no-checkpoint
      timeline fsdp2_mb16_no_checkpoint --stage 3 --engine fsdp2 --steps 4 --micro-batch 16 --no-checkpoint ;;
