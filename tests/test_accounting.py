@@ -7,6 +7,7 @@ import options
 import record
 import train_gpt as t
 from accounting import explain, predict
+from conftest import facts
 
 PSI, G = 1_000_000, 4  # parameters, ranks
 
@@ -60,14 +61,6 @@ def test_offloading_the_optimizer_moves_its_gradients_weights_and_moments_to_the
     assert predict.host_kinds({"optimizer": "cpu", "param": "cpu"}) == ["grads", "master", "moments", "params"]
     zero = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}}
     assert options.offload_devices({"zero_optimization": zero}) == {"optimizer": "cpu", "param": None}
-
-
-def facts(stage, world=G, offload=None, mem_kind="cuda"):
-    """A made-up run's facts, as train_gpt.py's main() gathers them."""
-    return dict(stage=stage, engine="deepspeed", rank=0, world_size=world, model="1.3b", config="c.json", dtype="bf16",
-                micro_batch=2, seq=1024, lr=1e-5, warmup=2, seed=0, checkpoint=False, compile=False, max_mem_gib=None,
-                timeout_s=120, offload=offload or {"optimizer": None, "param": None}, launcher="test",
-                mem_kind=mem_kind, gpus=world, ranks_per_node=world)
 
 
 def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):

@@ -14,8 +14,7 @@ import torch
 import options
 import record
 import report
-from conftest import ROOT, assert_refused, planted
-from test_accounting import facts
+from conftest import ROOT, assert_refused, facts, planted
 
 RECOMPILE = options.DEEPCOMPILE_RECOMPILE_STEP
 COMPILE_S = 100.0
