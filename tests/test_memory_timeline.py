@@ -17,7 +17,7 @@ def timeline(tmp_path_factory):
                 "--stage", "3", "--steps", str(STEPS)], env={"TIMELINE_OUT": str(out), "TIMELINE_TAG": "tiny"},
                log=out / "run.log")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = {rank: list(csv.DictReader(open(out / f"tiny_rank{rank}.csv"))) for rank in (0, 1)}
+    rows = {rank: list(csv.DictReader((out / f"tiny_rank{rank}.csv").read_text().splitlines())) for rank in (0, 1)}
     return out, rows
 
 
@@ -36,7 +36,8 @@ def test_it_sees_parameters_gathered_in_forward(timeline):
 
 def test_nothing_stays_gathered_after_backward(timeline):
     _, rows = timeline
-    ends = [r for rank_rows in rows.values() for r in rank_rows if r["event"] in ("backward done", "optimizer step done")]
+    ends = [r for rank_rows in rows.values() for r in rank_rows
+            if r["event"] in ("backward done", "optimizer step done")]
     assert len(ends) == 2 * 2 * STEPS
     assert all(int(r["gathered_elements"]) == 0 for r in ends)
 
