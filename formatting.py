@@ -6,9 +6,11 @@ import time
 
 START = time.perf_counter()
 
-# One meaning each, in train_gpt.py, report.py and run.sh alike (README, "Exit status").
-EXIT = {"done": 0, "PASS": 0, "failed": 1, "FAIL": 1, "bad input": 2, "out of memory": 3, "loss not finite": 4,
+# One meaning each, in train_gpt.py, report.py and run.sh alike (README, "Exit status"); a signal ends any of
+# them with 128 plus its number, as a shell does.
+EXIT = {"done": 0, "PASS": 0, "failed": 1, "FAIL": 1, "bad input": 2, "out of memory": 3, "diverged": 4,
         "NOT OBSERVABLE": 5}
+SIGNALS = {"SIGINT": 2, "SIGTERM": 15}
 
 
 def gib(nbytes):
@@ -75,15 +77,14 @@ def log(rank, msg):
 
 @contextlib.contextmanager
 def phase(rank, name):
-    """Log a phase's start and end, and a line every 30 s while it runs: a first JIT build of DeepSpeed's
-    ops can take minutes, and a long start should never sit silent."""
+    """Log a phase's end, and a line every 30 s while it runs: a first JIT build of DeepSpeed's ops can take
+    minutes, and a long start should never sit silent."""
     start, done = time.perf_counter(), threading.Event()
 
     def heartbeat():
         while not done.wait(30):
             log(rank, f"{name}: still running after {time.perf_counter() - start:.0f} s")
 
-    log(rank, f"{name} ...")
     threading.Thread(target=heartbeat, daemon=True).start()
     try:
         yield

@@ -3,12 +3,14 @@ What train_gpt.py needs from the machine and the launcher, and the workarounds f
 so that each can go when its cause does.
 """
 import ctypes
+import hashlib
 import os
 import platform
 import re
 import resource
 import socket
 import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -85,6 +87,16 @@ def normalise_cuda_arch_list():
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if archs:
         os.environ["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", archs)
+
+
+def keep_extensions_apart():
+    """DeepSpeed JIT-builds its C++ ops (the CPU all-reduce, CPU Adam) into ~/.cache/torch_extensions, one
+    folder for every Python environment: two environments with different torch builds rebuilt each other's
+    ops there, about 100 s a stage on 2 cores. Each environment gets its own folder, named after its prefix
+    and torch; a TORCH_EXTENSIONS_DIR that is set already is kept."""
+    key = hashlib.sha1(f"{sys.prefix} {torch.__version__}".encode()).hexdigest()[:8]
+    name = f"{Path(sys.prefix).name}-torch{torch.__version__}-{key}"
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions" / name))
 
 
 def release_shared_memory(rank):

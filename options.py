@@ -18,6 +18,11 @@ STAGES = (0, 1, 2, 3)
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
 # DeepCompile's default schedule compiles again after deepspeed.compile.init_z3.WARMUP (5) steps: at step 6 here
 DEEPCOMPILE_RECOMPILE_STEP = 6
+# The first steps train on the same rows (train_gpt.get_batch), and verdict (c) judges that the loss falls at
+# each of them: training on one batch must lower its loss, whatever the batch ("overfit one batch").
+SAME_ROWS_STEPS = 3
+# A loss above this multiple of the first step's has diverged: the run stops there, as for a loss that is not finite.
+DIVERGED_FACTOR = 10
 
 
 class BadInput(Exception):

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import options
 from accounting import explain, predict
-from formatting import fmt, gib, pct, relative_error, size
+from formatting import EXIT, SIGNALS, fmt, gib, pct, relative_error, size
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
@@ -44,6 +44,7 @@ class Measured:
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
     link_busbw: float = None  # bytes per second, an all-gather alone (accounting.comms.link_alone)
+    timing: dict = field(default_factory=dict)  # epoch seconds: started, imported, engine_ready, trained, probed
 
 
 @dataclass
@@ -67,6 +68,7 @@ class Record:
     timeout_s: float
     offload: dict
     launcher: str
+    steps_planned: int  # --steps; fewer ran where a signal or a diverged loss stopped the run
     mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
     gpus: int = None
@@ -80,6 +82,9 @@ class Record:
     ready_s: float = None
     oom: bool = False
     error: str = None
+    interrupted_by: str = None  # the signal (SIGINT, SIGTERM) that ended the run, at the end of a step if training
+    diverged: str = None  # why the loss ended the run: not finite, or past options.DIVERGED_FACTOR x the first
+    timing: dict = None  # epoch seconds at which this rank started, finished its imports, ... (Measured.timing)
     # partitioning
     param_tensors: int = None
     partitioned_tensors: int = None
@@ -259,8 +264,7 @@ def assemble(run, m, shape, loss_chunk, zero, memory_now):
     config's zero_optimization section; memory_now the memory snapshot at the end."""
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
                gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
-               link_busbw=m.link_busbw,
-               **(m.shards or {}))
+               link_busbw=m.link_busbw, timing=m.timing, **(m.shards or {}))
     snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
     for key in PEAK_KEYS:
         seen = [s[key] for s in snapshots if s.get(key) is not None]
@@ -273,6 +277,15 @@ def assemble(run, m, shape, loss_chunk, zero, memory_now):
         add_shares(r)
         r.differences = explain.differences(as_dict(r), held_bytes(r))
     return r
+
+
+def exit_status(r):
+    """The rank's exit status: 128 plus the signal that interrupted it, else as formatting.EXIT says."""
+    if r.interrupted_by:
+        return 128 + SIGNALS[r.interrupted_by]
+    if r.oom or r.error:
+        return EXIT["out of memory" if r.oom else "failed"]
+    return EXIT["diverged"] if r.diverged or r.nonfinite_loss else EXIT["done"]
 
 
 def result_line(r):
@@ -342,6 +355,10 @@ def human_lines(r):
         lines.append(f"{tag} FAILED: {r['error']}")
     if r.get("nonfinite_loss"):
         lines.append(f"{tag} WARNING: the loss is not finite: {r['losses']}")
+    if r.get("diverged"):
+        lines.append(f"{tag} DIVERGED: {r['diverged']}")
+    if r.get("interrupted_by"):
+        lines.append(f"{tag} INTERRUPTED by {r['interrupted_by']} after {len(r['steps'])} step(s)")
     return lines
 
 

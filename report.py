@@ -13,10 +13,13 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import time
 from pathlib import Path
 
-from formatting import EXIT, fmt, format_table, relative_error, gib, other_bytes, rank_table, signed_pct, size
+import options
+from formatting import EXIT, SIGNALS, fmt, format_table, relative_error, gib, other_bytes, rank_table, signed_pct, size
 
 # Stage 3's model states per rank, as a fraction of stage 0's, may exceed the predicted fraction (1/G,
 # plus the persistent parameters) by this factor before (b) fails.
@@ -39,8 +42,9 @@ FIRST_LOSS_RTOL = 2e-4
 # At G ranks that is 1/G + 1/12 of stage 0's peak: a ratio of 1.7x at 2 ranks, 3.0x at 4, 4.8x at 8 in mixed
 # precision. (In fp32, stage 3's model states are 1.25/G of stage 0's: it keeps an fp32 master copy too.)
 UNPARTITIONED_SHARE = 1 / 12
-# The loss must fall at each of the first steps, up to this one, and never return to the first step's.
-FALLING_STEPS = 3
+# The loss must fall at each of the first steps, which train on the same rows, and never return to the first
+# step's later on.
+FALLING_STEPS = options.SAME_ROWS_STEPS
 # The original design: "the loss falls from about 10 to below about 8 within the first steps" (1.3b model).
 DESIGN_LOSS = {"model": "1.3b", "step": 3, "below": 8.0}
 
@@ -61,6 +65,36 @@ def read_command(log):
     """The launch command that run.sh writes as a log's first line."""
     first = Path(log).read_text(errors="replace").partition("\n")[0]
     return first.partition("COMMAND ")[2] or None
+
+
+def read_marks(log):
+    """run.sh's marks in a log: when it launched the run and when the launcher ended, with its exit status."""
+    marks = {}
+    for line in Path(log).read_text(errors="replace").splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("LAUNCHED", "ENDED") and rest:
+            marks[word.lower()] = float(rest.split()[0])
+            if word == "ENDED":
+                marks["status"] = int(rest.split()[1])
+    return marks
+
+
+# torchrun's account of the first rank that failed: its "Root Cause" block
+ROOT_CAUSE = re.compile(r"Root Cause.*?host\s*:\s*(\S+).*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def dead_rank(log, records):
+    """The rank that the launcher saw end first with a failure, by rank and host, and how it ended; None where
+    the launcher says nothing of one (the deepspeed launcher does not say which rank), or where the first to
+    end was interrupted as the run was (128 + its signal)."""
+    found = ROOT_CAUSE.search(Path(log).read_text(errors="replace"))
+    if not found or int(found.group(3)) - 128 in SIGNALS.values():
+        return None
+    host, rank, code = found.group(1), int(found.group(2)), int(found.group(3))
+    if host == "localhost" and first(records, "env"):  # torchrun names a single node so
+        host = first(records, "env")["host"]
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    return f"rank {rank} on {host} ended first, {how} (the launcher's report)"
 
 
 def natural(name):
@@ -99,8 +133,12 @@ def status(records):
         return "no result"
     if oom(records):
         return "OOM"
+    if first(records, "interrupted_by"):
+        return f"interrupted by {first(records, 'interrupted_by')} after {len(records[0]['steps'])} step(s)"
     if failed(records):
         return "error"
+    if first(records, "diverged"):
+        return f"diverged at step {len(records[0]['steps'])}"
     missing = records[0]["world_size"] - len(records)
     return f"ok, {missing} rank(s) missing" if missing else "ok"
 
@@ -137,62 +175,87 @@ def offloads(records):
     return bool(records) and any((records[0].get("offload") or {}).values())
 
 
-# the comparison's rows: label, the figure of one run, its format, whether a ratio of two runs means anything,
-# and whether the row is left out when no run has the figure (offload only, GPUs only)
+# The directions of a ratio, as words: what the second run's figure is when it is below the first's, and above.
+SMALLER, FASTER, LOWER = ("less", "more"), ("slower", "faster"), ("lower", "higher")
+# Below this share of the other run's figure, a figure is next to nothing, and a ratio against it means nothing.
+NEAR_ZERO = 0.01
+
+# the comparison's rows: label, the figure of one run, its format, the words of a ratio of two runs (None where a
+# ratio means nothing), whether the row is left out when no run has the figure (offload only, GPUs only), and
+# whether it is a speed, which CPU processes and rehearsals do not measure
 COMPARISON = [
-    ("ranks", lambda rs: first(rs, "world_size"), "d", False, False),
-    ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d", False, False),
-    ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", False, False),
-    ("local params", lambda rs: worst(rs, "local_param_elems"), ",", True, False),
-    ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", True, False),
-    ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", True, False),
+    ("ranks", lambda rs: first(rs, "world_size"), "d", None, False, False),
+    ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d", None, False, False),
+    ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", None, False, False),
+    ("local params", lambda rs: worst(rs, "local_param_elems"), ",", SMALLER, False, False),
+    ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", SMALLER, False, False),
+    ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", SMALLER, False, False),
     ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")),
-     "+.1%",
-     False, False),
-    ("  DeepSpeed estimator", estimator, "bytes", True, False),
-    ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", False, False),
-    ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", False, True),
-    ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", False, True),
+     "+.1%", None, False, False),
+    ("  DeepSpeed estimator", estimator, "bytes", SMALLER, False, False),
+    ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), estimator(rs)), "+.1%", None, False, False),
+    ("host model states", lambda rs: worst(rs, "host_state_bytes") or None, "bytes", None, True, False),
+    ("  ZeRO paper", lambda rs: worst(rs, "predicted_host_state_bytes") or None, "bytes", None, True, False),
     ("  error", lambda rs: relative_error(worst(rs, "host_state_bytes"), worst(rs, "predicted_host_state_bytes")),
-     "+.1%",
-     False, True),
-    ("other tensors", other_bytes, "bytes", False, False),
-    ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", True, False),
+     "+.1%", None, True, False),
+    ("other tensors", other_bytes, "bytes", None, False, False),
+    ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", SMALLER, False, False),
     ("  estimated", lambda rs: worst(rs, "predicted_peak_bytes") if first(rs, "mem_kind") == "cuda" else None,
-     "bytes", True, True),
-    ("all-gather / step", lambda rs: comm(rs, "comm_bytes", "all_gather"), "bytes", True, True),
-    ("reduce-scatter / step", lambda rs: comm(rs, "comm_bytes", "reduce_scatter"), "bytes", True, True),
-    ("all-reduce / step", lambda rs: comm(rs, "comm_bytes", "all_reduce"), "bytes", True, True),
-    ("  volume, x params", lambda rs: first(rs, "comm_volume"), ".2f", True, True),
+     "bytes", SMALLER, True, False),
+    ("all-gather / step", lambda rs: comm(rs, "comm_bytes", "all_gather"), "bytes", SMALLER, True, False),
+    ("reduce-scatter / step", lambda rs: comm(rs, "comm_bytes", "reduce_scatter"), "bytes", SMALLER, True, False),
+    ("all-reduce / step", lambda rs: comm(rs, "comm_bytes", "all_reduce"), "bytes", SMALLER, True, False),
+    ("  volume, x params", lambda rs: first(rs, "comm_volume"), ".2f", SMALLER, True, False),
     ("  ZeRO paper", lambda rs: first(rs, "paper_comm_volume") if first(rs, "comm_volume") is not None else None,
-     "d", False, True),
-    ("busbw all-gather GB/s", lambda rs: gbps(comm(rs, "busbw", "all_gather")), ",.0f", True, True),
-    ("busbw reduce-scatter GB/s", lambda rs: gbps(comm(rs, "busbw", "reduce_scatter")), ",.0f", True, True),
-    ("busbw all-reduce GB/s", lambda rs: gbps(comm(rs, "busbw", "all_reduce")), ",.0f", True, True),
-    ("  all-gather alone GB/s", lambda rs: gbps(first(rs, "link_busbw")), ",.0f", False, True),
-    ("  NVLink GB/s", lambda rs: gbps(first(rs, "link_bytes_per_s")), ",.0f", False, True),
-    ("first loss", lambda rs: first(rs, "first_loss"), ".4f", False, False),
-    ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", False, False),
-    ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", True, False),
-    ("  timed from step", lambda rs: first(rs, "timed_from") if first(rs, "deepcompile") else None, "d", False, True),
-    ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", True, False),
-    ("MFU", lambda rs: first(rs, "mfu"), ".1%", True, False),
+     "d", None, True, False),
+    ("busbw all-gather GB/s", lambda rs: gbps(comm(rs, "busbw", "all_gather")), ",.0f", LOWER, True, False),
+    ("busbw reduce-scatter GB/s", lambda rs: gbps(comm(rs, "busbw", "reduce_scatter")), ",.0f", LOWER, True, False),
+    ("busbw all-reduce GB/s", lambda rs: gbps(comm(rs, "busbw", "all_reduce")), ",.0f", LOWER, True, False),
+    ("  all-gather alone GB/s", lambda rs: gbps(first(rs, "link_busbw")), ",.0f", None, True, False),
+    ("  NVLink GB/s", lambda rs: gbps(first(rs, "link_bytes_per_s")), ",.0f", None, True, False),
+    ("first loss", lambda rs: first(rs, "first_loss"), ".4f", None, False, False),
+    ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", None, False, False),
+    ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", FASTER[::-1], False, True),
+    ("  timed from step", lambda rs: first(rs, "timed_from") if first(rs, "deepcompile") else None, "d", None, True,
+     False),
+    ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", FASTER, False, True),
+    ("MFU", lambda rs: first(rs, "mfu"), ".1%", LOWER, False, True),
 ]
 
 
+def ratio(before, after, words):
+    """The second figure against the first, in the words of its row: "4.00x less", "2.86x slower"; nothing where
+    either is missing or next to nothing beside the other."""
+    if words is None or not before or not after or min(before, after) < NEAR_ZERO * max(before, after):
+        return ""
+    if max(before, after) / min(before, after) < 1.005:
+        return "same"
+    return f"{max(before, after) / min(before, after):.2f}x {words[after > before]}"
+
+
+def speed_not_measured(runs):
+    """Why speed means nothing in these runs, or None: CPU processes, or ranks that share a GPU."""
+    records = [rs[0] for rs in runs.values() if rs]
+    if any(r.get("mem_kind") != "cuda" for r in records):
+        return "CPU processes"
+    return "a rehearsal, ranks sharing a GPU" if any(r.get("rehearsal") for r in records) else None
+
+
 def comparison_table(runs):
-    """The runs side by side, per-rank figures taken from the rank that holds the most; with two runs,
-    a last column gives the first over the second."""
+    """The runs side by side, per-rank figures taken from the rank that holds the most; with two runs, a last
+    column gives the second against the first. Speeds are marked where they mean nothing."""
     names = list(runs)
-    rows = [("", *names, f"{names[0]}/{names[1]}" if len(names) == 2 else "")]
-    for label, figure, spec, has_ratio, optional in COMPARISON:
+    unmeasured = speed_not_measured(runs)
+    rows = [("", *names, f"{names[1]} against {names[0]}" if len(names) == 2 else "")]
+    for label, figure, spec, words, optional, speed in COMPARISON:
         values = [figure(runs[name]) for name in names]
         if optional and all(v is None for v in values):
             continue
-        both = len(values) == 2 and has_ratio and all(values)
-        rows.append((label, *(fmt(v, spec) for v in values), f"{values[0] / values[1]:.2f}x" if both else ""))
+        label += " *" if speed and unmeasured else ""
+        rows.append((label, *(fmt(v, spec) for v in values), ratio(*values, words) if len(values) == 2 else ""))
     rows.append(("status", *(status(runs[name]) for name in names), ""))
-    return format_table(rows)
+    table = format_table(rows)
+    return table + (f"\n* not a measure of speed: {unmeasured}" if unmeasured else "")
 
 
 # -----------------------------------------------------------------------------
@@ -254,9 +317,8 @@ def check_memory(dense, zero3):
 
 
 def loss_falls(losses):
-    """Falls at each of the first FALLING_STEPS steps, and no later step comes back to the first step's loss:
-    each step draws a fresh batch, and after the first few steps a batch's difficulty moves the loss more
-    than one step of training does (on 2 H200s, 1.3b: 7.23, 5.82, then 6.91 at step 5, at both stages alike)."""
+    """Falls at each of the first FALLING_STEPS steps, which train on the same rows, and no later step, on fresh
+    rows, comes back to the first step's loss."""
     early = losses[:FALLING_STEPS]
     return (all(map(math.isfinite, losses)) and all(b < a for a, b in zip(early, early[1:]))
             and all(x < losses[0] for x in losses[FALLING_STEPS:]))
@@ -286,6 +348,10 @@ def check_loss(dense, zero3):
         detail += f"; the stages agree to {gap:.2%} at every step (at most {LOSS_RTOL:.0%})"
         misses += [f"the stages DIFFER by {gap:.2%}"] if gap > LOSS_RTOL else []
     design = DESIGN_LOSS
+    steps = min(len(rs[0]["losses"] or []) for rs in finished.values())
+    if steps < FALLING_STEPS and not misses:
+        return "NOT OBSERVABLE", detail + (f"; {steps} step(s) ran, and (c) judges the first {FALLING_STEPS}: "
+                                           f"give --steps {FALLING_STEPS} or more")
     if zero3[0]["model"] == design["model"] and len(zero3[0]["losses"]) >= design["step"]:
         late = {name: rs[0]["losses"][design["step"] - 1] for name, rs in finished.items()}
         detail += f"; below {design['below']:g} by step {design['step']}, as the original design expects"
@@ -328,7 +394,7 @@ def check_pair(dense, zero3):
         return [("the two runs are comparable", "FAIL", "they differ in " + ", ".join(differ))]
     return [("(a) stage 3 partitions every parameter tensor, stage 0 none", *check_partitioning(dense, zero3)),
             ("(b) stage 3 holds far less per rank than stage 0", *check_memory(dense, zero3)),
-            (f"(c) the loss falls at each of the first {FALLING_STEPS} steps, alike at both stages",
+            (f"(c) the loss of one batch falls at each of the first {FALLING_STEPS} steps, alike at both stages",
              *check_loss(dense, zero3))]
 
 
@@ -415,7 +481,10 @@ def peer_line(zero3, label, rs, name):
     losses = (f"the losses agree to {anywhere:.2%} at every step" if same else
               f"the losses DIFFER, by {step1:.3%} at step 1 and up to {anywhere:.2%}: the two do not train the "
               "same model")
-    speed = f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x its tokens/s" if a.get("tokens_per_s") else "not timed"
+    unmeasured = speed_not_measured({label: zero3, name: rs})
+    speed = (f"speed not compared ({unmeasured})" if unmeasured else
+             f"{ratio(b['tokens_per_s'], a['tokens_per_s'], FASTER)} in tokens/s" if a.get("tokens_per_s")
+             else "not timed")
     return (f"{speed}, peak memory {size(worst(zero3, 'peak_mem_bytes'))} against {size(worst(rs, 'peak_mem_bytes'))}"
             f"{volume}; " + losses)
 
@@ -504,7 +573,35 @@ def run_environment(runs):
     return env
 
 
-def summary(folder, runs, checks, overall):
+def span(start, end):
+    return round(end - start, 2) if start and end else None
+
+
+def run_timing(log, records):
+    """Where one run's time went, in seconds, from run.sh's marks in its log and rank 0's clock."""
+    marks, t = read_marks(log), (first(records, "timing") or {})
+    parts = {"launch_and_imports_s": span(marks.get("launched"), t.get("imported")),
+             "engine_start_s": span(t.get("imported"), t.get("engine_ready")),
+             "steps_s": span(t.get("engine_ready"), t.get("trained")),
+             "probes_s": span(t.get("trained"), t.get("probed")),
+             "teardown_s": span(t.get("probed"), marks.get("ended")),
+             "total_s": span(marks.get("launched"), marks.get("ended"))}
+    return {k: v for k, v in parts.items() if v is not None}
+
+
+def timing(folder, runs, verdict_at):
+    """Where the time went from run.sh's start (RUN_STARTED) to the verdict: the input checks, each run, and
+    the report; total_s is the whole."""
+    marks = [read_marks(Path(folder) / f"{name}.log") for name in runs]
+    started = float(os.environ.get("RUN_STARTED") or 0) or None
+    launched = min((m["launched"] for m in marks if "launched" in m), default=None)
+    ended = max((m["ended"] for m in marks if "ended" in m), default=None)
+    return {"checks_s": span(started, launched),
+            "runs": {name: run_timing(Path(folder) / f"{name}.log", rs) for name, rs in runs.items()},
+            "report_s": span(ended, verdict_at), "total_s": span(started, verdict_at)}
+
+
+def summary(folder, runs, checks, overall, verdict_at):
     return {
         "folder": str(folder),
         "command": os.environ.get("RUN_COMMAND"),
@@ -513,6 +610,7 @@ def summary(folder, runs, checks, overall):
         "verdict": overall,
         "checks": {scope: [{"criterion": n, "status": s, "detail": d} for n, s, d in rows]
                    for scope, rows in checks.items()},
+        "timing": timing(folder, runs, verdict_at),
         "results": runs,
     }
 
@@ -600,13 +698,14 @@ def draw_scaling(ax, worlds):
 
 def plot(folder, runs):
     """memory.png: memory per run and rank; with several numbers of ranks, also memory against the number
-    of ranks. Returns a line that says what was drawn, or why not."""
+    of ranks. Returns whether it was drawn."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "memory.png skipped: matplotlib is not installed (pip install matplotlib)"
+        print("memory.png skipped: matplotlib is not installed (pip install matplotlib)")
+        return False
     worlds = pairs(runs)
     rows = sum(len(records) for records in runs.values())
     fig, axes = plt.subplots(1, 2 if len(worlds) > 1 else 1, squeeze=False,
@@ -618,11 +717,11 @@ def plot(folder, runs):
     fig.tight_layout(rect=(0, 0.04 + 0.4 / fig.get_figheight(), 1, 1))  # room for the legend below
     fig.savefig(Path(folder) / "memory.png", dpi=110)
     plt.close(fig)
-    return f"memory.png written to {folder}"
+    return True
 
 
-def write_record(folder, runs, checks, overall):
-    record = summary(folder, runs, checks, overall)
+def write_record(folder, runs, checks, overall, verdict_at):
+    record = summary(folder, runs, checks, overall, verdict_at)
     Path(folder, "summary.json").write_text(json.dumps(without_nan(record), indent=1, allow_nan=False))
     Path(folder, "summary.md").write_text(summary_markdown(record, runs, checks))
     return plot(folder, runs)
@@ -691,10 +790,36 @@ def main(argv=None):
     if any(r.get("rehearsal") for rs in runs.values() for r in rs):
         print("\nREHEARSAL: several ranks shared each GPU over gloo; per-rank memory is real, speed is not.")
     checks, overall = verdict(runs)
-    print("", *offload_lines(runs), *compile_lines(runs), *peer_lines(runs), *verdict_lines(checks),
-          f"\nVERDICT: {overall}", sep="\n")
-    print(write_record(args.folder, runs, checks, overall))
-    return EXIT[overall]
+    deaths = [f"{name}: {dead}" for name, rs in runs.items() if (dead := dead_rank(args.folder / f"{name}.log", rs))]
+    stopped_by = interruption(runs, deaths)
+    print("", *offload_lines(runs), *compile_lines(runs), *peer_lines(runs), *deaths, *verdict_lines(checks), sep="\n")
+    if stopped_by:
+        overall = "INTERRUPTED"
+        print(f"\nVERDICT: INTERRUPTED by {stopped_by}: " + "; ".join(progress_lines(runs)))
+    else:
+        print(f"\nVERDICT: {overall}")
+    verdict_at = time.time()
+    drawn = write_record(args.folder, runs, checks, overall, verdict_at)
+    print(f"results: {args.folder} (report.txt, summary.json, summary.md{', memory.png' if drawn else ''})")
+    return 128 + SIGNALS[stopped_by] if stopped_by else EXIT[overall]
+
+
+def interruption(runs, deaths):
+    """The signal that interrupted the run, as run.sh (RUN_SIGNAL, a number) or a rank tells it; else None. A
+    rank that died is a failure, not an interruption, though the launcher then stops its peers with SIGTERM."""
+    number = os.environ.get("RUN_SIGNAL")
+    if number:
+        return signal.Signals(int(number)).name
+    signalled = (r["interrupted_by"] for rs in runs.values() for r in rs if r.get("interrupted_by"))
+    return None if deaths else next(signalled, None)
+
+
+def progress_lines(runs):
+    """How far each run got, and which runs never started (RUN_SKIPPED, from run.sh)."""
+    lines = [f"{name} {len(rs[0]['steps'])} of {rs[0]['steps_planned']} steps" if rs else f"{name} no result"
+             for name, rs in runs.items()]
+    skipped = os.environ.get("RUN_SKIPPED", "").split()
+    return lines + ([f"not started: {' '.join(skipped)}"] if skipped else [])
 
 
 if __name__ == "__main__":

@@ -1,21 +1,37 @@
 #!/usr/bin/env bash
 # Runs the benchmark at stage 0, then stage 3, keeps each run's log under results/<timestamp>/, and prints
-# the comparison and the verdict; report.py also writes summary.json, summary.md and memory.png there.
-#   bash run.sh [--ranks "N ..."] [--stages "0 1 2 3 3_offload 3_infinity"] [--peer fsdp2] [train_gpt.py options ...]
-# --peer fsdp2 also trains the same model through PyTorch's FSDP2 (stage 3's config), for the same table.
-# N defaults to every visible GPU, or 2 CPU processes on a machine without GPUs; RANKS=N works too.
-# Several N run each stage at each; more ranks than GPUs share them (a rehearsal: memory per rank is
-# real, speed is not). HOSTFILE=path runs on the nodes of a deepspeed hostfile; RESULTS=dir keeps the
-# logs elsewhere. Every input is checked before anything is launched. Exit status: 0 PASS, 1 FAIL,
-# 2 bad input, 5 NOT OBSERVABLE.
+# the progress, the comparison and the verdict; report.py also writes summary.json, summary.md and memory.png.
+# `bash run.sh --help` says how to use it. Exit status: 0 PASS, 1 FAIL, 2 bad input, 5 NOT OBSERVABLE, and
+# 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of what finished.
 set -uo pipefail
+started=$(date +%s.%N)
+usage() {
+  cat <<'EOF'
+usage: bash run.sh [--ranks "N ..."] [--stages "0 3 ..."] [--peer fsdp2] [train_gpt.py options ...]
+
+Trains the GPT at each stage in turn (stage 0, then stage 3, by default), on each number of ranks, and
+compares them: what stage 3 partitions, memory per rank, losses, speed; then gives the verdict.
+
+  --ranks "N ..."   ranks per run (default: every GPU; 4 rehearsed on one GPU; 2 CPU processes without GPUs);
+                    more ranks than GPUs share them over gloo: memory per rank is real, speed is not
+  --stages "..."    stages to run: 0 1 2 3, or the rest of a config's name (3_offload, 3_infinity, 3_deepcompile)
+  --peer fsdp2      also train the same model through PyTorch's FSDP2, on stage 3's config
+  RANKS=N           the same as --ranks; HOSTFILE=path runs on the nodes of a deepspeed hostfile;
+  RESULTS=dir       keeps the results folders there instead of results/
+
+Every other option goes to train_gpt.py; they are:
+EOF
+  python3 train_gpt.py --help | sed -n '/^options:/,$p' | tail -n +2 | grep -v -e '--stage ' -e '--config' \
+    -e '--engine' -e '--check' -e '-h, --help' -e '^ *RANKS'
+}
+bad() { echo "run.sh: error: $*" >&2; exit 2; }
 results=$(realpath -m "${RESULTS:-$(dirname "$0")/results}")
 command="bash run.sh"; [ $# -eq 0 ] || command+=$(printf ' %q' "$@")
 cd "$(dirname "$0")"
-bad() { echo "run.sh: error: $*" >&2; exit 2; }
 ranks=${RANKS:-} stages="0 3" peer="" args=()  # run.sh's options anywhere on the line; the rest go to train_gpt.py
 while [ $# -gt 0 ]; do
   case $1 in
+    -h | --help) usage; exit 0 ;;
     --ranks | --stages | --peer) [ $# -ge 2 ] || bad "$1 needs a value" ;;&
     --ranks) ranks=$2; shift 2 ;;
     --ranks=*) ranks=${1#*=}; shift ;;
@@ -32,10 +48,7 @@ done
 for n in $ranks; do [[ $n =~ ^[1-9][0-9]*$ ]] || bad "--ranks takes positive whole numbers, not '$n'"; done
 [ -n "${stages// }" ] || bad "--stages is empty"
 [ -z "${asked_peer:-}" ] || [ "$peer" = fsdp2 ] || bad "--peer takes fsdp2, not '$peer'"
-for stage in $stages; do  # a number, or the rest of a config's name: 3_offload is ds_config_stage3_offload.json
-  [ -f "ds_config_stage$stage.json" ] || bad "no config for stage '$stage'; there are: $(ls ds_config_stage*.json |
-    sed 's/ds_config_stage\(.*\)\.json/\1/' | paste -sd ' ')"
-done
+mkdir -p -- "$results" 2> /dev/null && [ -w "$results" ] || bad "RESULTS $results is not a folder that can be written"
 if [ -n "${HOSTFILE:-}" ]; then
   [ -z "$ranks" ] || bad "with HOSTFILE the hostfile's slots set the ranks; drop --ranks"
   [ -f "$HOSTFILE" ] && [ -r "$HOSTFILE" ] || bad "HOSTFILE $HOSTFILE is not a readable file"
@@ -43,33 +56,48 @@ if [ -n "${HOSTFILE:-}" ]; then
     "$HOSTFILE")  # the ranks that the hostfile's slots give, for train_gpt.py's check
   [ "$ranks" -gt 0 ] || bad "HOSTFILE $HOSTFILE names no host with slots=N"
 fi
-read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
-print(torch.cuda.device_count() or 2, s.getsockname()[1])') || exit 1
-ranks=${ranks:-$gpus}
-[ -z "$peer" ] || stages+=" $peer"  # the peer runs last, on stage 3's config
-config_of() {
-  case $1 in
-    [0-9]) echo "--stage $1" ;;
-    fsdp2) echo "--stage 3 --engine fsdp2" ;;
-    *) echo "--config ds_config_stage$1.json" ;;
-  esac
+plan=$(python3 launches.py "$ranks" "$stages" "$peer" "${args[@]}") || exit
+out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX") || bad "cannot make a folder in $results"
+echo "results: $out"
+signal="" pid="" skipped=""
+# Every process of a run carries ZERO3_BENCH_RUN in its environment, whatever session its launcher puts it in
+# (torchrun gives each rank a session of its own): so a signal reaches all of them, and none outlives its run.
+run_processes() { grep -lszxF "ZERO3_BENCH_RUN=$out" /proc/[0-9]*/environ | cut -d/ -f3; }
+on_signal() { signal=$1; run_processes | xargs -r kill -TERM 2> /dev/null; }
+trap 'on_signal 2' INT
+trap 'on_signal 15' TERM
+launch() {  # one run, its output in its log and its progress on the terminal; a signal ends it within 10 s
+  echo "LAUNCHED $(date +%s.%N)" >> "$log"
+  ZERO3_BENCH_RUN=$out setsid "$@" >> "$log" 2>&1 < /dev/null &
+  pid=$!
+  tail -s 0.2 -n +1 --pid="$pid" -f "$log" | grep --line-buffered -E '^([^ ]+: )?\[ *[0-9.]+s\] ' &
+  wait "$pid"
+  for _ in {1..40}; do [ -n "$signal" ] && [ -n "$(run_processes)" ] || break; sleep 0.2; done  # 8 s to stop
+  run_processes | xargs -r kill -KILL 2> /dev/null
+  wait "$pid"; status=$?
+  wait  # the progress view ends with the launcher
+  # DeepSpeed's CPU all-reduce names a shared-memory buffer per rank after the port: a killed rank's stays behind
+  rm -f /dev/shm/deepspeed_allreduce_buffer_"$(id -u)"_*_"${port}"_*
+  echo "ENDED $(date +%s.%N) $status" >> "$log"
 }
-for n in $ranks; do for stage in $stages; do  # train_gpt.py checks its own arguments, launching nothing
-  python3 train_gpt.py $(config_of "$stage") "${args[@]}" --check "$n" > /dev/null || exit 2
-done; done
-mkdir -p "$results"
-out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX") || exit 1
-for n in $ranks; do
-  if [ -n "${HOSTFILE:-}" ]; then
-    launcher=(deepspeed --hostfile "$HOSTFILE")
-  else
-    launcher=(deepspeed --num_gpus "$n" --master_port "$port")
-  fi
-  for stage in $stages; do
-    log=$out/$([ "$stage" = "$peer" ] || echo stage)$stage$([ "$n" = "$ranks" ] || echo "_${n}ranks").log
-    echo "COMMAND ${launcher[*]} train_gpt.py $(config_of "$stage") ${args[*]}" | tee "$log"
-    "${launcher[@]}" train_gpt.py $(config_of "$stage") "${args[@]}" 2>&1 | tee -a "$log"
-  done
-done
-RUN_COMMAND=$command python3 report.py "$out" | tee "$out/report.txt"
-exit "${PIPESTATUS[0]}"
+while IFS=$'\t' read -r kind n name argv; do
+  case $kind in
+    NOTE) echo "$n" ;;
+    PORT) port=$n ;;
+    RUN)
+      [ -z "$signal" ] || { skipped+=" $name"; continue; }
+      eval "train=($argv)"
+      if [ -n "${HOSTFILE:-}" ]; then
+        launcher=(deepspeed --hostfile "$HOSTFILE" --master_port "$port" train_gpt.py)
+      else
+        launcher=(python3 -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" --master_port "$port" train_gpt.py)
+      fi
+      log=$out/$name.log
+      echo "== $name: ${train[*]} on $n rank(s); log $log"
+      echo "COMMAND ${launcher[*]} ${train[*]}" > "$log"
+      launch "${launcher[@]}" "${train[@]}" ;;
+  esac
+done <<< "$plan"
+RUN_COMMAND=$command RUN_STARTED=$started RUN_SIGNAL=$signal RUN_SKIPPED=$skipped python3 report.py "$out" | tee "$out/report.txt"
+status=${PIPESTATUS[0]}
+exit $((signal ? 128 + signal : status))

@@ -11,6 +11,7 @@ Exit status (the same meanings in run.sh and report.py): 0 done, 1 failed, 2 bad
 """
 import math
 import os
+import signal
 import sys
 import sysconfig
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import deepspeed
 import numpy as np
+import psutil
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -34,8 +36,9 @@ import machine
 import options
 import record
 from accounting import comms, measure, predict
-from formatting import EXIT, START, log, phase, rank_table
+from formatting import START, log, phase, rank_table
 
+IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
 HERE = Path(__file__).resolve().parent
 # DeepSpeed calls torch.distributed functions that torch has deprecated; the warnings say nothing to a user
 warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
@@ -194,8 +197,11 @@ def load_tokens(path, vocab, seq):
 
 
 def get_batch(tokens, seed, step, rank, micro_batch, world, seq, device):
-    """This rank's rows of the global batch for this step: random windows, the same for any stage."""
-    starts = np.random.default_rng([seed, step]).integers(0, len(tokens) - seq, size=world * micro_batch)
+    """This rank's rows of the global batch for this step: random windows, the same for any stage. The first
+    options.SAME_ROWS_STEPS steps train on step 1's rows, so that the loss the verdict judges there follows one
+    batch as it trains: with fresh rows, a batch's difficulty moved 1.3b's loss more than a step did."""
+    draw = 1 if step <= options.SAME_ROWS_STEPS else step
+    starts = np.random.default_rng([seed, draw]).integers(0, len(tokens) - seq, size=world * micro_batch)
     rows = np.stack([tokens[s: s + seq + 1] for s in starts[rank * micro_batch: (rank + 1) * micro_batch]])
     rows = torch.from_numpy(rows.astype(np.int64)).to(device, non_blocking=True)
     return rows[:, :-1], rows[:, 1:]
@@ -314,19 +320,55 @@ def build_engine(model, args, config):
 # training
 
 
+class Stop:
+    """Why training ends before its last step, agreed by every rank: a signal (SIGINT, SIGTERM) that any rank
+    received, or a loss that diverged. A signal before training interrupts at once; during training, at the
+    end of the step, once every rank knows (the flag travels with the loss); after it, nothing."""
+    phase, signal, reason = "starting", None, None
+
+    @classmethod
+    def on_signal(cls, signum, frame):
+        cls.signal = signum
+        if cls.phase == "starting":
+            raise Interrupted(f"interrupted by {signal.Signals(signum).name} before training")
+
+
+class Interrupted(Exception):
+    pass
+
+
+def diverged(loss, first):
+    """Why a loss ends the run: not finite, or past options.DIVERGED_FACTOR times the first step's."""
+    if not math.isfinite(loss):
+        return "the loss is not finite"
+    if loss > options.DIVERGED_FACTOR * first:
+        return f"the loss {loss:.4g} is over {options.DIVERGED_FACTOR}x the first step's {first:.4g}"
+    return None
+
+
+def all_reduced_loss(loss, device):
+    """The global batch's loss, summed over the ranks with each rank's stop flag: every rank sees the same."""
+    both = torch.stack([loss.detach().float(), torch.tensor(float(Stop.signal is not None), device=device)])
+    dist.all_reduce(both)
+    return both[0].item(), both[1].item() > 0
+
+
 def train(engine, args, device, rank, facts, m):
     """Run the steps, recording loss, rate, time, peak memory and the bytes of each kind of collective of each
     into m.steps, and count the model states in the last step: after backward, and after the optimizer step
-    (outside the timed region). From 3 steps on, the last runs under the profiler, which times NCCL's kernels."""
+    (outside the timed region). With NCCL between ranks, from 3 steps on, the last runs under the profiler,
+    which times NCCL's kernels. A signal or a diverged loss ends the steps early, on every rank at once."""
     world = facts["world_size"]
     tokens_per_step = world * args.micro_batch * args.seq
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    nccl = device.type == "cuda" and world > 1 and not facts["rehearsal"]
+    Stop.phase = "training"
     for step in range(1, args.steps + 1):
         x, y = get_batch(args.tokens, args.seed, step, rank, args.micro_batch, world, args.seq, device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         last = step == args.steps
-        with comms.step(device, profiled=last and step >= 3) as comm:
+        with comms.step(device, profiled=last and step >= 3 and nccl) as comm:
             sync()
             t0 = time.perf_counter()
             loss = engine(x, y)
@@ -340,18 +382,24 @@ def train(engine, args, device, rank, facts, m):
             sync()
             t0 = time.perf_counter()
             engine.step()
-            dist.all_reduce(loss := loss.detach().float())  # the loss of the global batch
+            loss, signalled = all_reduced_loss(loss, device)
             sync()
             elapsed += time.perf_counter() - t0
         if last:
             m.census, m.host_census = (measure.combined(a, b) if a else None
                                        for a, b in zip(counted, measure.model_states_now(engine, device, args.offload)))
             m.gathered_tensors = measure.gathered_tensors(engine.module)
-        s = {"step": step, "loss": loss.item() / world, "lr": engine.get_lr()[0], "time_s": elapsed,
+        s = {"step": step, "loss": loss / world, "lr": engine.get_lr()[0], "time_s": elapsed,
              **measure.memory_snapshot(device), **comm}
         m.steps.append(s)
         tflops = m.flops_per_token * tokens_per_step / elapsed / facts["gpus"] / 1e12
         log(rank, record.step_line(s, args.steps, tokens_per_step, tflops, m.peak_tflops))
+        Stop.reason = (f"interrupted by {signal.Signals(Stop.signal or signal.SIGTERM).name}" if signalled
+                       else diverged(s["loss"], m.steps[0]["loss"]))
+        if Stop.reason:
+            log(rank, f"stopped after step {step} of {args.steps}: {Stop.reason}")
+            break
+    Stop.phase = "done"
 
 
 # -----------------------------------------------------------------------------
@@ -394,8 +442,12 @@ def build_and_train(args, config, facts, m, device):
     log(rank, f"{m.shards['params_total']:,} parameters in {m.shards['param_tensors']} tensors")
     m.flops_per_token = engine.module.flops_per_token(m.shards["params_total"], args.seq)
     m.peak_tflops = machine.peak_tflops(device, args.dtype)
+    m.timing["engine_ready"] = time.time()
     train(engine, args, device, rank, facts, m)
-    m.link_busbw = comms.link_alone(device, facts)  # after the last step's memory is recorded
+    m.timing["trained"] = time.time()
+    if not Stop.reason:
+        m.link_busbw = comms.link_alone(device, facts)  # after the last step's memory is recorded
+    m.timing["probed"] = time.time()
 
 
 def main(argv=None):
@@ -409,26 +461,33 @@ def main(argv=None):
         print(how)
         return
     machine.normalise_cuda_arch_list()
+    machine.keep_extensions_apart()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log(rank, how)
     args.offload = options.offload_devices(config)
     facts = {"rank": rank, "world_size": world, "config": str(args.config), "launcher": launcher,
+             "steps_planned": args.steps,
              "mem_kind": "cuda" if torch.cuda.is_available() else "cpu_rss", **{k: getattr(args, k) for k in (
                  "stage", "model", "engine", "dtype", "micro_batch", "seq", "lr", "warmup", "seed", "checkpoint",
                  "compile", "deepcompile", "max_mem_gib", "timeout_s", "offload")}}
-    m, status, failure = record.Measured(), EXIT["done"], {}
+    m, failure = record.Measured(timing={"started": psutil.Process().create_time(), "imported": IMPORTED}), {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, Stop.on_signal)
     try:
         run(args, config, facts, m)
     except Exception as e:  # noqa: BLE001 -- any failure is reported as a result, with its traceback in the log
         oom = machine.out_of_memory(e)
-        if not oom:
+        if not (oom or isinstance(e, Interrupted)):
             traceback.print_exc()
         failure = {"oom": oom, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
-        status = EXIT["out of memory"] if oom else EXIT["failed"]
+    Stop.phase = "done"
+    failure["interrupted_by"] = Stop.signal and signal.Signals(Stop.signal).name
+    if Stop.reason and not Stop.signal:
+        failure["diverged"] = Stop.reason
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     r = record.assemble({**facts, **failure}, m, PRESETS[args.model], LOSS_CHUNK, config.get("zero_optimization", {}),
                         measure.memory_snapshot(device))
-    if status:  # a rank that failed reports alone: its peers may be blocked in a collective
+    if r.error:  # a rank that failed reports alone: its peers may be blocked in a collective
         record.emit([record.as_dict(r)])
     else:
         everyone = [None] * world
@@ -437,13 +496,12 @@ def main(argv=None):
             record.emit(everyone)
             print(rank_table(everyone), flush=True)
         dist.barrier()  # rank 0 has printed everything before any rank leaves
-        status = EXIT["loss not finite"] if r.nonfinite_loss else EXIT["done"]
     # Leave without the interpreter's teardown: after ZeRO-3 on gloo it sometimes aborts the process
     # ("terminate called without an active exception") after all work is done. A failed rank's peers may
     # be blocked in a collective; the launcher ends them when it sees the failure's exit status.
     machine.release_shared_memory(rank)
     sys.stderr.flush()
-    os._exit(status)
+    os._exit(record.exit_status(r))
 
 
 if __name__ == "__main__":

@@ -55,14 +55,20 @@ class Counter:
 COUNTER = Counter()
 
 
+def moves_data(group):
+    """A collective in a group of one rank moves nothing: DeepSpeed still calls them at one rank, FSDP2 not."""
+    return not torch.distributed.is_initialized() or torch.distributed.get_world_size(group) > 1
+
+
 def counted(name, op):
     kind, argument = SIZED_BY[name]
     signature = inspect.signature(op)
 
     @functools.wraps(op)
     def collective(*args, **kwargs):
-        if getattr(COUNTER.inside, "depth", 0) == 0:
-            COUNTER.add(kind, signature.bind(*args, **kwargs).arguments[argument])
+        arguments = signature.bind(*args, **kwargs).arguments
+        if getattr(COUNTER.inside, "depth", 0) == 0 and moves_data(arguments.get("group")):
+            COUNTER.add(kind, arguments[argument])
         COUNTER.inside.depth = getattr(COUNTER.inside, "depth", 0) + 1
         try:
             return op(*args, **kwargs)

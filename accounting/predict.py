@@ -144,6 +144,13 @@ def bus_bandwidth(kind, nbytes, seconds, ranks):
     return nbytes / seconds * BUS_FACTOR[kind](ranks)
 
 
+def param_count(shape):
+    """The GPT's parameters: per block, the attention's and the MLP's matrices and biases (12d² + 9d) and two
+    LayerNorms (4d); the tied token embedding (padded vocabulary), the positions and the final LayerNorm."""
+    d = shape.d_model
+    return shape.layers * (12 * d * d + 13 * d) + (shape.padded_vocab + shape.context) * d + 2 * d
+
+
 def flops_per_token(params, layers, d_model, seq):
     """Training FLOPs per token: 6 per parameter (forward and backward) and 12·L·d·T for attention's
     scores and values (PaLM, appendix B), without checkpointing's recomputation."""

@@ -81,7 +81,7 @@ def facts(stage, world=4, offload=None, mem_kind="cuda"):
     """A made-up run's facts, as train_gpt.py's main() gathers them."""
     return dict(stage=stage, engine="deepspeed", rank=0, world_size=world, model="1.3b", config="c.json", dtype="bf16",
                 micro_batch=2, seq=1024, lr=1e-5, warmup=2, seed=0, checkpoint=False, compile=False, max_mem_gib=None,
-                timeout_s=120, offload=offload or {"optimizer": None, "param": None}, launcher="test",
+                timeout_s=120, offload=offload or {"optimizer": None, "param": None}, launcher="test", steps_planned=3,
                 mem_kind=mem_kind, gpus=world, ranks_per_node=world)
 
 

@@ -1,0 +1,113 @@
+"""
+What run.sh launches, worked out before anything starts, in one process: every input is checked here as
+`train_gpt.py --check` would check it, and each run comes out as one tab-separated line for run.sh:
+
+    RUN <ranks> <log name> <train_gpt.py arguments, shell-quoted>
+    NOTE <a line for the terminal>
+    PORT <a free port for the launcher>
+
+    python3 launches.py RANKS STAGES PEER [train_gpt.py options ...]    # RANKS "" means every GPU
+
+A stage is a number or the rest of a config's name (3_offload is ds_config_stage3_offload.json); the peer
+(fsdp2) runs last, on stage 3's config. With one GPU and no RANKS, the ranks rehearse REHEARSED_RANKS on it:
+one rank has nothing to shard across. Bad input: one line on stderr, exit 2.
+"""
+import math
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+
+import machine
+import options
+import train_gpt
+from accounting import predict
+
+HERE = Path(__file__).resolve().parent
+# The original design states its acceptance check at 4 GPUs: stage 3 "about 3-4x lower per GPU" than stage 0.
+REHEARSED_RANKS = 4
+CPU_PROCESSES = 2  # without GPUs: two gloo ranks, the fewest that have something to shard across
+CONTEXT_BYTES = 1 << 30  # what a process holds on a GPU outside PyTorch's allocator (CUDA context, NCCL), at most
+
+
+def bad(msg):
+    print(f"run.sh: error: {msg}", file=sys.stderr)
+    sys.exit(options.EXIT["bad input"])
+
+
+def config_args(stage):
+    """train_gpt.py's arguments that choose a stage's config: stage N is ds_config_stageN.json."""
+    if stage == "fsdp2":
+        return ["--stage", "3", "--engine", "fsdp2"]
+    if not (HERE / f"ds_config_stage{stage}.json").is_file():
+        names = sorted(p.name[len("ds_config_stage"):-len(".json")] for p in HERE.glob("ds_config_stage*.json"))
+        bad(f"no config for stage '{stage}'; there are: {' '.join(names)}")
+    return ["--stage", stage] if stage.isdigit() else ["--config", f"ds_config_stage{stage}.json"]
+
+
+def checked(argv, ranks):
+    """train_gpt.py's arguments, resolved for this many ranks; bad input ends here, as in train_gpt.py."""
+    try:
+        args = options.parse_args([*argv, "--check", str(ranks)], train_gpt.PRESETS, HERE)
+        config, _ = train_gpt.resolve(args)
+    except options.BadInput as e:
+        options.fail(str(e))
+    return args, config
+
+
+def stage3_peak(args, config, ranks):
+    """The predicted peak of one stage-3 rank of ranks: its share of the model states, the parameters gathered
+    ahead, the larger of the activations and the step's fp32 gradients, and the CUDA context."""
+    shape, zero = train_gpt.PRESETS[args.model], config.get("zero_optimization", {})
+    params = predict.param_count(shape)
+    shard = math.ceil(params / ranks)
+    states = sum(predict.model_states(3, args.dtype, params, shard).values())
+    activations = predict.activation_bytes(shape, args.dtype, args.micro_batch, args.seq, args.checkpoint, True,
+                                           train_gpt.LOSS_CHUNK)
+    transient = predict.step_transient_bytes(3, args.dtype, shard, False, sub_group=zero.get("sub_group_size"))
+    prefetch = predict.WIDTH[args.dtype] * zero.get("stage3_prefetch_bucket_size", 5e7)
+    return predict.peak_bytes(states, 0, prefetch, activations, transient) + CONTEXT_BYTES
+
+
+def rehearsal(argv):
+    """On one GPU: the most ranks, up to REHEARSED_RANKS, whose stage-3 peaks fit its memory together."""
+    args, config = checked([*config_args("3"), *argv], REHEARSED_RANKS)
+    memory = torch.cuda.get_device_properties(0).total_memory
+    fits = [n for n in range(REHEARSED_RANKS, 1, -1) if n * stage3_peak(args, config, n) <= memory]
+    n = fits[0] if fits else 1
+    why = "" if n == REHEARSED_RANKS else (
+        f", not {REHEARSED_RANKS}: {REHEARSED_RANKS} stage-3 ranks of the {args.model} model would need about "
+        f"{REHEARSED_RANKS * stage3_peak(args, config, REHEARSED_RANKS) / 2**30:.0f} GiB of its "
+        f"{memory / 2**30:.0f} GiB")
+    return n, (f"one GPU: {n} ranks rehearse on it over gloo{why}, so that stage 3 has something to shard across; "
+               "each rank's memory is real, its speed is not (--ranks 1 runs one rank)")
+
+
+def plan(ranks, stages, peer, argv):
+    """[(ranks, log name, train_gpt.py arguments)] in run order, and the notes for the terminal."""
+    notes, counts = [], [int(n) for n in ranks.split()]
+    if not counts:
+        gpus = torch.cuda.device_count()
+        counts = [gpus or CPU_PROCESSES] if gpus != 1 else []
+        if not counts:
+            n, note = rehearsal(argv)
+            counts, notes = [n], [note]
+    names = [*stages.split(), *([peer] if peer else [])]
+    runs = [(n, ("" if name == peer else "stage") + name + ("" if len(counts) == 1 else f"_{n}ranks"),
+             [*config_args(name), *argv]) for n in counts for name in names]
+    for n, _, run_argv in runs:
+        checked(run_argv, n)
+    return runs, notes
+
+
+def main(argv):
+    ranks, stages, peer, *rest = argv
+    runs, notes = plan(ranks, stages, peer, rest)
+    lines = [f"NOTE\t{note}" for note in notes] + [f"PORT\t{machine.free_port()}"]
+    lines += [f"RUN\t{n}\t{name}\t{shlex.join(run_argv)}" for n, name, run_argv in runs]
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
