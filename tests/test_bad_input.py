@@ -64,6 +64,18 @@ def test_fp16_is_refused_on_a_machine_without_a_gpu(check):
                    "(--dtype asks for fp16)")
 
 
+def test_a_mistyped_option_is_refused_with_the_nearest_valid_one(check):
+    assert_refused(check("--microbatch", "4"), "unrecognized arguments: --microbatch 4 (did you mean --micro-batch?)")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rank", "2"], "unrecognized arguments: --rank 2 (did you mean --ranks, an option of run.sh?)"),
+    (["--stages", "3"], "unrecognized arguments: --stages 3 (--stages is an option of run.sh; did you mean --stage?)"),
+], ids=["mistyped", "given to train_gpt.py"])
+def test_an_option_of_run_sh_is_named_as_run_sh_s(argv, message, check):
+    assert_refused(check(*argv), message)
+
+
 # -----------------------------------------------------------------------------
 # the DeepSpeed config: each case's text is written to a file, {config} in its message stands for its path
 
