@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+import config_checks
 import train_gpt
 from conftest import ROOT, assert_refused
 
@@ -119,11 +120,17 @@ CONFIG_CASES = {
 CPU_ONLY = {"fp16 enabled on a CPU machine"}
 
 
+def config_file(tmp_path, content):
+    """content, a JSON text or what json.dumps writes, in a file."""
+    config = tmp_path / "config.json"
+    config.write_text(content if isinstance(content, str) else json.dumps(content))
+    return config
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, marks=cpu_only) if c in CPU_ONLY else c for c in CONFIG_CASES])
 def test_a_bad_config_is_refused_in_one_line(case, check, tmp_path):
     content, argv, message = CONFIG_CASES[case]
-    config = tmp_path / "config.json"
-    config.write_text(content if isinstance(content, str) else json.dumps(content))
+    config = config_file(tmp_path, content)
     result = check("--config", config, *argv)
     assert_refused(result, *(f.format(config=config) for f in fragments(message)))
 
@@ -137,6 +144,30 @@ def test_a_bad_config_is_refused_in_one_line(case, check, tmp_path):
 ], ids=["a missing file", "a directory", "not JSON", "a stage that contradicts --stage"])
 def test_a_config_that_cannot_be_used_is_refused_in_one_line(argv, message, check, tmp_path):
     assert_refused(check(*(a.format(tmp=tmp_path) for a in argv)), message.format(tmp=tmp_path))
+
+
+SHIPPED_CONFIGS = sorted(ROOT.glob("ds_config_stage*.json")) + [ROOT / "benchmarks" / "original_design.json"]
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda path: path.name)
+def test_the_shipped_configs_pass_deepspeeds_checks(path):
+    """Through config_checks alone: on a machine without a GPU --check refuses fp16 and DeepCompile first."""
+    config = json.loads(path.read_text())
+    config_checks.refuse_unknown_keys(config, "")
+    config_checks.deepspeed_config(config, 2, "")
+
+
+@pytest.mark.parametrize("content, key, near", [
+    ({"zero_optimisation": {"stage": 3}}, "zero_optimisation", "zero_optimization"),
+    ({"zero_optimization": {"stage": 3, "stage3_max_live_parameter": 1e8}},
+     "zero_optimization.stage3_max_live_parameter", "stage3_max_live_parameters"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_pth": "/nvme"}}},
+     "zero_optimization.offload_param.nvme_pth", "nvme_path"),
+], ids=["at the top", "in zero_optimization", "in zero_optimization.offload_param"])
+def test_a_key_that_deepspeed_does_not_know_is_refused_with_the_nearest_it_knows(content, key, near, check, tmp_path):
+    config = config_file(tmp_path, content)
+    assert_refused(check("--config", config),
+                   f"config {config}: {key} is not a key that DeepSpeed knows (did you mean {near}?)")
 
 
 # -----------------------------------------------------------------------------
