@@ -1,6 +1,6 @@
 """
 The DeepSpeed config as DeepSpeed itself reads it, checked before any process group starts: keys it does not
-know and what its config classes refuse.
+know, what its config classes refuse, and what it would assert on only once the model and engine are built.
 Bad input is an options.BadInput, whose message is the one line the user sees. train_gpt.py alone imports this
 module: it loads DeepSpeed, and with it torch, which train_gpt.py loads anyway.
 """
@@ -17,6 +17,9 @@ from options import BadInput
 # deepspeed.initialize reads these itself, to build its device mesh; DeepSpeedConfig reads them only when a
 # process group is up, so the probe in deepspeed_keys() never sees them
 READ_BY_INITIALIZE = {"sequence_parallel_size", "data_parallel_size"}
+# the optimizer names that DeepSpeed builds as its CPU Adam or CPU Lion when the optimizer is offloaded
+# (DeepSpeedEngine._configure_basic_optimizer), the only optimizers it lets ZeRO-Offload step
+CPU_OPTIMIZERS = ("adam", "adamw", "lion")
 
 
 @functools.cache
@@ -95,3 +98,38 @@ def deepspeed_config(config, micro_batch, where):
         return DeepSpeedConfig({**config, "train_batch_size": micro_batch})
     except Exception as e:  # noqa: BLE001 -- pydantic and assertion errors alike
         raise BadInput(f"config{where}: DeepSpeed refuses it: " + " ".join(str(e).split())) from None
+
+
+def nvme_has_a_path(ds, where):
+    """Offload to NVMe swaps to files under nvme_path: without one, zero.Init asserts on every rank (parameters)
+    and ZeRO-3 joins None to a folder name (the optimizer)."""
+    zero = ds.zero_config
+    for name, offload in (("offload_param", zero.offload_param), ("offload_optimizer", zero.offload_optimizer)):
+        if offload is not None and offload.device == "nvme" and offload.nvme_path is None:
+            raise BadInput(f'config{where}: zero_optimization.{name} offloads to NVMe but gives no "nvme_path", '
+                           "the folder on the NVMe drive to swap to")
+
+
+def offload_has_a_cpu_optimizer(ds, where):
+    """ZeRO-Offload steps the optimizer on the host, and DeepSpeed refuses any optimizer there but its CPU Adam
+    or CPU Lion unless zero_force_ds_cpu_optimizer is false."""
+    offload = ds.zero_config.offload_optimizer
+    if offload is None or offload.device == "none" or not ds.zero_force_ds_cpu_optimizer:
+        return
+    torch_adam = (ds.optimizer_params or {}).get("torch_adam", False)
+    if ds.optimizer_name in CPU_OPTIMIZERS and not torch_adam:
+        return
+    given = ("has no optimizer section, so train_gpt.py would give it torch's AdamW" if ds.optimizer_name is None
+             else f"has optimizer.type {ds.optimizer_name}" + (" with params.torch_adam" if torch_adam else ""))
+    raise BadInput(f"config{where} offloads the optimizer to {offload.device}, where DeepSpeed steps only its own "
+                   f"CPU Adam or CPU Lion, but {given}: name Adam, AdamW or Lion in an optimizer section, or set "
+                   "zero_force_ds_cpu_optimizer to false")
+
+
+def refuse_what_the_build_would(ds, where):
+    """What DeepSpeed asserts on only while it builds the model and the engine, found in its reading of the config."""
+    nvme_has_a_path(ds, where)
+    if "max_grad_norm" in (ds.optimizer_params or {}):  # DeepSpeedConfig warns; building the optimizer raises
+        raise BadInput(f"config{where}: optimizer.params.max_grad_norm is refused by DeepSpeed when it builds the "
+                       "optimizer: use the top-level gradient_clipping instead")
+    offload_has_a_cpu_optimizer(ds, where)

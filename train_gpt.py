@@ -228,7 +228,7 @@ def resolve(args):
     config, where = options.read_config(args.config), f" {args.config}"
     config_checks.refuse_unknown_keys(config, where)
     config, how = options.resolve(args, config, (shape.context, shape.lr), world, host)
-    config_checks.deepspeed_config(config, args.micro_batch, where)
+    config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, args.micro_batch, where), where)
     args.tokens = load_tokens(args.data, shape.vocab, args.seq)
     return config, how
 

@@ -154,7 +154,7 @@ def test_the_shipped_configs_pass_deepspeeds_checks(path):
     """Through config_checks alone: on a machine without a GPU --check refuses fp16 and DeepCompile first."""
     config = json.loads(path.read_text())
     config_checks.refuse_unknown_keys(config, "")
-    config_checks.deepspeed_config(config, 2, "")
+    config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, 2, ""), "")
 
 
 @pytest.mark.parametrize("content, key, near", [
@@ -168,6 +168,32 @@ def test_a_key_that_deepspeed_does_not_know_is_refused_with_the_nearest_it_knows
     config = config_file(tmp_path, content)
     assert_refused(check("--config", config),
                    f"config {config}: {key} is not a key that DeepSpeed knows (did you mean {near}?)")
+
+
+@pytest.mark.parametrize("kind", ["offload_param", "offload_optimizer"])
+def test_offload_to_nvme_without_a_path_is_refused(kind, check, tmp_path):
+    config = config_file(tmp_path, {"optimizer": {"type": "AdamW"},
+                                    "zero_optimization": {"stage": 3, kind: {"device": "nvme"}}})
+    assert_refused(check("--config", config),
+                   f'config {config}: zero_optimization.{kind} offloads to NVMe but gives no "nvme_path"')
+
+
+@pytest.mark.parametrize("optimizer, given", [
+    ({}, "has no optimizer section, so train_gpt.py would give it torch's AdamW"),
+    ({"optimizer": {"type": "SGD"}}, "has optimizer.type SGD"),
+], ids=["torch's AdamW", "SGD"])
+def test_offloading_the_optimizer_needs_deepspeeds_cpu_optimizer(optimizer, given, check, tmp_path):
+    config = config_file(tmp_path, {**optimizer,
+                                    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
+    assert_refused(check("--config", config), f"config {config} offloads the optimizer to cpu", given,
+                   "set zero_force_ds_cpu_optimizer to false")
+
+
+def test_max_grad_norm_among_the_optimizer_params_is_refused(check, tmp_path):
+    config = config_file(tmp_path, {"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}})
+    assert_refused(check("--config", config),
+                   f"config {config}: optimizer.params.max_grad_norm is refused by DeepSpeed when it builds the "
+                   "optimizer: use the top-level gradient_clipping instead")
 
 
 # -----------------------------------------------------------------------------
