@@ -4,6 +4,7 @@ group starts. Bad input stops with one line on stderr and exit status 2, never a
 can check a whole run up front (`train_gpt.py --check`) and launch nothing.
 """
 import argparse
+import difflib
 import json
 import math
 import os
@@ -16,6 +17,8 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")
 STAGES = (0, 1, 2, 3)
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
+RUN_SH_OPTIONS = ("--ranks", "--stages", "--peer")  # run.sh's own; it passes every other option on to train_gpt.py
+SUGGEST_CUTOFF = 0.8  # how alike a mistyped option and a suggestion must be: difflib's 0.6 offers --seed for --peer
 # DeepCompile's default schedule compiles again after deepspeed.compile.init_z3.WARMUP (5) steps: at step 6 here
 DEEPCOMPILE_RECOMPILE_STEP = 6
 # The first steps train on the same rows (train_gpt.get_batch), and verdict (c) judges that the loss falls at
@@ -98,9 +101,29 @@ def parse_args(argv, presets, here):
                         "how they are read, and exit without training")
     p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
     p.error = fail
-    args = p.parse_args(argv)
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        p.error(f"unrecognized arguments: {' '.join(unknown)}{nearest_option(unknown, option_names(p))}")
     args.config = args.config or here / f"ds_config_stage{3 if args.stage is None else args.stage}.json"
     return args
+
+
+def option_names(parser):
+    """The options a user may give (argparse keeps them in _actions: it has no public list)."""
+    return [name for action in parser._actions if action.help != argparse.SUPPRESS for name in action.option_strings]
+
+
+def nearest_option(unknown, ours):
+    """' (did you mean ...?)' for the first unrecognized option, or ''. run.sh's options are candidates too: it
+    passes on to train_gpt.py what it does not know, so `run.sh --rank 2` reaches train_gpt.py."""
+    name = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), None)
+    if name in RUN_SH_OPTIONS:
+        near = difflib.get_close_matches(name, ours, n=1, cutoff=SUGGEST_CUTOFF)
+        return f" ({name} is an option of run.sh" + (f"; did you mean {near[0]}?)" if near else ")")
+    near = difflib.get_close_matches(name, [*ours, *RUN_SH_OPTIONS], n=1, cutoff=SUGGEST_CUTOFF) if name else []
+    if not near:
+        return ""
+    return f" (did you mean {near[0]}{', an option of run.sh' if near[0] in RUN_SH_OPTIONS else ''}?)"
 
 
 def check_token_file(path):

@@ -29,8 +29,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from deepspeed import comm as dist
-from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS, DeepSpeedConfig
+from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
+import config_checks
 import fsdp2
 import machine
 import options
@@ -230,11 +231,10 @@ def resolve(args):
     shape = PRESETS[args.model]
     host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": known_optimizer}
     world = args.check or int(os.environ["WORLD_SIZE"])
-    config, how = options.resolve(args, options.read_config(args.config), (shape.context, shape.lr), world, host)
-    try:  # DeepSpeed's own checks of the rest, before any process group; one rank's batch stands for all
-        DeepSpeedConfig({**config, "train_batch_size": args.micro_batch})
-    except Exception as e:  # noqa: BLE001 -- pydantic and assertion errors alike
-        raise options.BadInput(f"config {args.config}: DeepSpeed refuses it: " + " ".join(str(e).split())) from None
+    config, where = options.read_config(args.config), f" {args.config}"
+    config_checks.refuse_unknown_keys(config, where)
+    config, how = options.resolve(args, config, (shape.context, shape.lr), world, host)
+    config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, args.micro_batch, where), where)
     args.tokens = load_tokens(args.data, shape.vocab, args.seq)
     return config, how
 

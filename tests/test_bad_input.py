@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+import config_checks
 import train_gpt
 from conftest import ROOT, assert_refused
 
@@ -64,6 +65,18 @@ def test_fp16_is_refused_on_a_machine_without_a_gpu(check):
                    "(--dtype asks for fp16)")
 
 
+def test_a_mistyped_option_is_refused_with_the_nearest_valid_one(check):
+    assert_refused(check("--microbatch", "4"), "unrecognized arguments: --microbatch 4 (did you mean --micro-batch?)")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rank", "2"], "unrecognized arguments: --rank 2 (did you mean --ranks, an option of run.sh?)"),
+    (["--stages", "3"], "unrecognized arguments: --stages 3 (--stages is an option of run.sh; did you mean --stage?)"),
+], ids=["mistyped", "given to train_gpt.py"])
+def test_an_option_of_run_sh_is_named_as_run_sh_s(argv, message, check):
+    assert_refused(check(*argv), message)
+
+
 # -----------------------------------------------------------------------------
 # the DeepSpeed config: each case's text is written to a file, {config} in its message stands for its path
 
@@ -107,11 +120,17 @@ CONFIG_CASES = {
 CPU_ONLY = {"fp16 enabled on a CPU machine"}
 
 
+def config_file(tmp_path, content):
+    """content, a JSON text or what json.dumps writes, in a file."""
+    config = tmp_path / "config.json"
+    config.write_text(content if isinstance(content, str) else json.dumps(content))
+    return config
+
+
 @pytest.mark.parametrize("case", [pytest.param(c, marks=cpu_only) if c in CPU_ONLY else c for c in CONFIG_CASES])
 def test_a_bad_config_is_refused_in_one_line(case, check, tmp_path):
     content, argv, message = CONFIG_CASES[case]
-    config = tmp_path / "config.json"
-    config.write_text(content if isinstance(content, str) else json.dumps(content))
+    config = config_file(tmp_path, content)
     result = check("--config", config, *argv)
     assert_refused(result, *(f.format(config=config) for f in fragments(message)))
 
@@ -125,6 +144,56 @@ def test_a_bad_config_is_refused_in_one_line(case, check, tmp_path):
 ], ids=["a missing file", "a directory", "not JSON", "a stage that contradicts --stage"])
 def test_a_config_that_cannot_be_used_is_refused_in_one_line(argv, message, check, tmp_path):
     assert_refused(check(*(a.format(tmp=tmp_path) for a in argv)), message.format(tmp=tmp_path))
+
+
+SHIPPED_CONFIGS = sorted(ROOT.glob("ds_config_stage*.json")) + [ROOT / "benchmarks" / "original_design.json"]
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda path: path.name)
+def test_the_shipped_configs_pass_deepspeeds_checks(path):
+    """Through config_checks alone: on a machine without a GPU --check refuses fp16 and DeepCompile first."""
+    config = json.loads(path.read_text())
+    config_checks.refuse_unknown_keys(config, "")
+    config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, 2, ""), "")
+
+
+@pytest.mark.parametrize("content, key, near", [
+    ({"zero_optimisation": {"stage": 3}}, "zero_optimisation", "zero_optimization"),
+    ({"zero_optimization": {"stage": 3, "stage3_max_live_parameter": 1e8}},
+     "zero_optimization.stage3_max_live_parameter", "stage3_max_live_parameters"),
+    ({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_pth": "/nvme"}}},
+     "zero_optimization.offload_param.nvme_pth", "nvme_path"),
+], ids=["at the top", "in zero_optimization", "in zero_optimization.offload_param"])
+def test_a_key_that_deepspeed_does_not_know_is_refused_with_the_nearest_it_knows(content, key, near, check, tmp_path):
+    config = config_file(tmp_path, content)
+    assert_refused(check("--config", config),
+                   f"config {config}: {key} is not a key that DeepSpeed knows (did you mean {near}?)")
+
+
+@pytest.mark.parametrize("kind", ["offload_param", "offload_optimizer"])
+def test_offload_to_nvme_without_a_path_is_refused(kind, check, tmp_path):
+    config = config_file(tmp_path, {"optimizer": {"type": "AdamW"},
+                                    "zero_optimization": {"stage": 3, kind: {"device": "nvme"}}})
+    assert_refused(check("--config", config),
+                   f'config {config}: zero_optimization.{kind} offloads to NVMe but gives no "nvme_path"')
+
+
+@pytest.mark.parametrize("optimizer, given", [
+    ({}, "has no optimizer section, so train_gpt.py would give it torch's AdamW"),
+    ({"optimizer": {"type": "SGD"}}, "has optimizer.type SGD"),
+], ids=["torch's AdamW", "SGD"])
+def test_offloading_the_optimizer_needs_deepspeeds_cpu_optimizer(optimizer, given, check, tmp_path):
+    config = config_file(tmp_path, {**optimizer,
+                                    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
+    assert_refused(check("--config", config), f"config {config} offloads the optimizer to cpu", given,
+                   "set zero_force_ds_cpu_optimizer to false")
+
+
+def test_max_grad_norm_among_the_optimizer_params_is_refused(check, tmp_path):
+    config = config_file(tmp_path, {"optimizer": {"type": "AdamW", "params": {"max_grad_norm": 1.0}}})
+    assert_refused(check("--config", config),
+                   f"config {config}: optimizer.params.max_grad_norm is refused by DeepSpeed when it builds the "
+                   "optimizer: use the top-level gradient_clipping instead")
 
 
 # -----------------------------------------------------------------------------
