@@ -85,6 +85,20 @@ def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chu
     return blocks + (3 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
 
 
+DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7}
+
+
+def zero_setting(zero, key):
+    """A setting of a config's zero_optimization section, or DeepSpeed's own value where it sets none."""
+    return zero.get(key, DEEPSPEED_DEFAULTS[key])
+
+
+def sub_group_elems(zero, largest, world):
+    """The most elements of one stage-3 sub-group: a sub-group closes at the parameter that reaches
+    sub_group_size, so it may exceed it by one partition."""
+    return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
+
+
 def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None):
     """The fp32 gradients that the optimizer step makes, on the device unless the optimizer runs on the host:
     from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32, and FSDP2,
