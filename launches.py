@@ -23,6 +23,7 @@ import machine
 import options
 import train_gpt
 from accounting import predict
+from accounting.shapes import LOSS_CHUNK
 
 HERE = Path(__file__).resolve().parent
 # The original design states its acceptance check at 4 GPUs: stage 3 "about 3-4x lower per GPU" than stage 0.
@@ -60,11 +61,11 @@ def stage3_peak(args, config, ranks):
     """The predicted peak of one stage-3 rank of ranks: its share of the model states, the parameters gathered
     ahead, the larger of the activations and the step's fp32 gradients, and the CUDA context."""
     shape, zero = train_gpt.PRESETS[args.model], config.get("zero_optimization", {})
-    params = predict.param_count(shape)
+    params = shape.params
     shard = math.ceil(params / ranks)
     states = sum(predict.model_states(3, args.dtype, params, shard).values())
     activations = predict.activation_bytes(shape, args.dtype, args.micro_batch, args.seq, args.checkpoint, True,
-                                           train_gpt.LOSS_CHUNK)
+                                           LOSS_CHUNK)
     transient = predict.step_transient_bytes(3, args.dtype, shard, False, sub_group=zero.get("sub_group_size"))
     prefetch = predict.WIDTH[args.dtype] * zero.get("stage3_prefetch_bucket_size", 5e7)
     return predict.peak_bytes(states, 0, prefetch, activations, transient) + CONTEXT_BYTES

@@ -212,7 +212,6 @@ def as_dict(r):
     return {**asdict(r), **{name: getattr(r, name) for name in FIGURES}}
 
 
-DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7}  # DeepSpeed's, where a config has none
 PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
 
 
@@ -238,12 +237,10 @@ def add_predictions(r, shape, loss_chunk, zero):
     flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
     r.activation_estimate_bytes = predict.activation_bytes(shape, r.dtype, r.micro_batch, r.seq, r.checkpoint,
                                                            flash, loss_chunk)
-    # a stage-3 sub-group closes at the parameter that reaches sub_group_size, so it may exceed it by one partition
-    sub_group = (zero.get("sub_group_size", DEEPSPEED_DEFAULTS["sub_group_size"])
-                 + math.ceil(r.largest_param_elems / r.world_size)) if r.stage == 3 else None
+    sub_group = predict.sub_group_elems(zero, r.largest_param_elems, r.world_size) if r.stage == 3 else None
     r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]),
                                                           r.engine, sub_group)
-    prefetch_elems = zero.get("stage3_prefetch_bucket_size", DEEPSPEED_DEFAULTS["stage3_prefetch_bucket_size"])
+    prefetch_elems = predict.zero_setting(zero, "stage3_prefetch_bucket_size")
     prefetch = predict.WIDTH[r.dtype] * prefetch_elems if r.stage == 3 else 0
     r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
                                                 prefetch, r.activation_estimate_bytes, r.step_transient_bytes)

@@ -17,7 +17,6 @@ import sysconfig
 import time
 import traceback
 import warnings
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import machine
 import options
 import record
 from accounting import comms, measure, predict
+from accounting.shapes import LOSS_CHUNK, PRESETS  # torch-free, so that plan.py reads the same shapes
 from formatting import START, log, phase, rank_table
 
 IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
@@ -45,42 +45,9 @@ HERE = Path(__file__).resolve().parent
 warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
 
 # -----------------------------------------------------------------------------
-# configuration
+# configuration: the model's shapes (PRESETS) and the loss's chunk are in accounting/shapes.py
 
-
-@dataclass(frozen=True)
-class GPTConfig:
-    layers: int
-    heads: int
-    d_model: int
-    vocab: int
-    context: int
-    lr: float  # the peak learning rate after the warm-up, for the benchmark's few steps and small batches
-
-    @property
-    def padded_vocab(self):
-        # a multiple of 64 rows: the output layer's matmul with 50257 rows ran 5.6x slower on an H200 than with
-        # 50304 (benchmarks/h200/1-first-look/env.txt); the extra rows are tokens that never occur
-        return predict.padded(self.vocab)
-
-
-# The GPT-3 paper's shapes, plus two byte-level models for CPUs: tiny, and small, sized for the memory-cap
-# demo. 1.3b's rate was measured on H200s (BENCHMARKS.md, section 9): Adam's first step moves every weight by
-# about the rate, whatever its gradient; at 1e-5 the loss rose at step 2, and a warm-up to it (5e-6, then
-# 1e-5) made bf16 rise at step 3 on 2 GPUs, where 5e-6 fell at every step. The other GPT-3 rates keep the
-# paper's ratios to 1.3b's.
-PRESETS = {
-    "tiny": GPTConfig(2, 4, 128, 256, 256, 3e-3),
-    "small": GPTConfig(8, 8, 1024, 256, 256, 1e-5),
-    "125m": GPTConfig(12, 12, 768, 50257, 1024, 1.5e-5),
-    "350m": GPTConfig(24, 16, 1024, 50257, 1024, 7.5e-6),
-    "760m": GPTConfig(24, 16, 1536, 50257, 1024, 6.25e-6),
-    "1.3b": GPTConfig(24, 16, 2048, 50257, 1024, 5e-6),
-    "2.7b": GPTConfig(32, 32, 2560, 50257, 1024, 4e-6),
-    "6.7b": GPTConfig(32, 32, 4096, 50257, 1024, 3e-6),
-}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LOSS_CHUNK = 256  # rows of logits per chunk of the loss
 
 # -----------------------------------------------------------------------------
 # model: GPT-2/3 style, pre-LayerNorm, learned positions, tied input and output embedding

@@ -85,6 +85,20 @@ def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chu
     return blocks + (3 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
 
 
+DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7}
+
+
+def zero_setting(zero, key):
+    """A setting of a config's zero_optimization section, or DeepSpeed's own value where it sets none."""
+    return zero.get(key, DEEPSPEED_DEFAULTS[key])
+
+
+def sub_group_elems(zero, largest, world):
+    """The most elements of one stage-3 sub-group: a sub-group closes at the parameter that reaches
+    sub_group_size, so it may exceed it by one partition."""
+    return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
+
+
 def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None):
     """The fp32 gradients that the optimizer step makes, on the device unless the optimizer runs on the host:
     from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32, and FSDP2,
@@ -98,6 +112,16 @@ def peak_bytes(states, other, prefetch, activations, transient):
     stage 3 gathers ahead, and the larger of the activations and the optimizer step's fp32 gradients,
     which never coexist."""
     return states + other + prefetch + max(activations, transient)
+
+
+def gathered_bytes(stage, engine, width, block, embedding, root, prefetch):
+    """The 16-bit weights that stage 3 holds gathered at once, on top of its shards: DeepSpeed the module it
+    computes (a whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket
+    ahead of it; FSDP2 its root module (embeddings, final norm), which it keeps from forward into backward, the
+    block it computes and the next one, prefetched. None at stages 0 to 2, which keep the weights whole."""
+    if stage < 3:
+        return 0
+    return width * (root + 2 * block if engine == "fsdp2" else max(block, embedding) + prefetch)
 
 
 def shares(states, whole):
@@ -144,13 +168,6 @@ def bus_bandwidth(kind, nbytes, seconds, ranks):
     return nbytes / seconds * BUS_FACTOR[kind](ranks)
 
 
-def param_count(shape):
-    """The GPT's parameters: per block, the attention's and the MLP's matrices and biases (12d² + 9d) and two
-    LayerNorms (4d); the tied token embedding (padded vocabulary), the positions and the final LayerNorm."""
-    d = shape.d_model
-    return shape.layers * (12 * d * d + 13 * d) + (shape.padded_vocab + shape.context) * d + 2 * d
-
-
 def flops_per_token(params, layers, d_model, seq):
     """Training FLOPs per token: 6 per parameter (forward and backward) and 12·L·d·T for attention's
     scores and values (PaLM, appendix B), without checkpointing's recomputation."""
@@ -159,3 +176,55 @@ def flops_per_token(params, layers, d_model, seq):
 
 def padded(vocab, multiple=64):
     return multiple * math.ceil(vocab / multiple)
+
+
+# When each engine's collectives run in a step, each of one copy of the 16-bit weights: in "forward" or
+# "backward" they overlap that pass's compute; "after" they run alone, once backward is done. DeepSpeed at
+# stage 0 all-reduces the gradients after backward; at stage 1 (ds_config_stage1.json leaves overlap_comm
+# off) it reduce-scatters them after backward, at stage 2 during it; stages 1 and 2 all-gather the updated
+# weights after the step; stage 3 gathers each block in forward and again in backward and reduce-scatters its
+# gradients in backward: the ZeRO paper's 2 and 3 x the parameters (section 7). FSDP2 runs as stage 3.
+COLLECTIVES = {0: [("all_reduce", "after")],
+               1: [("reduce_scatter", "after"), ("all_gather", "after")],
+               2: [("reduce_scatter", "backward"), ("all_gather", "after")],
+               3: [("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")]}
+
+
+def collectives(stage, engine, width, params, root):
+    """One rank's collectives in a step, as (kind, phase, bytes) in nccl-tests' sizes: an all-gather's output,
+    a reduce-scatter's input, an all-reduce's buffer. FSDP2 keeps its root module (root elements: embeddings,
+    final norm) gathered from forward into backward: it gathered 3.84 of 4 bytes per parameter at 1.3b on 2
+    H200s, DeepSpeed's stage 3 4.08 (benchmarks/h200x2/13-fsdp2)."""
+    kept = root if engine == "fsdp2" else 0
+    return [(kind, phase, width * (params - kept if (kind, phase) == ("all_gather", "backward") else params))
+            for kind, phase in COLLECTIVES[stage]]
+
+
+def host_copies(width, shard):
+    """With the optimizer on the host (ZeRO-Offload), each rank copies its gradient partition out during
+    backward and its updated 16-bit weights back after the step: (phase, bytes) over PCIe."""
+    return [("backward", width * shard), ("after", width * shard)]
+
+
+def ring_seconds(kind, nbytes, ranks, busbw):
+    """A collective's time: the bytes each rank must send of it (BUS_FACTOR) over the bus bandwidth of the
+    slowest link it crosses, nccl-tests' busbw, in bytes per second."""
+    return nbytes * BUS_FACTOR[kind](ranks) / busbw
+
+
+def pass_flops(flops, checkpoint):
+    """A step's FLOPs by pass: forward a third and backward two thirds of 6N (2N + 4N), and with checkpointing
+    the forward once more, recomputed during backward: 4/3 of flops in all."""
+    return {"forward": flops / 3, "backward": 2 * flops / 3 + (flops / 3 if checkpoint else 0)}
+
+
+def step_seconds(compute, comm, layers):
+    """A step's time, serial (compute, then every collective) and overlapped: each pass takes the longer of its
+    compute and its collectives, but one layer's share of those, which nothing hides (the first gather is
+    waited for, as is the last reduce-scatter), adds on; collectives after backward add whole. compute: seconds
+    by pass; comm: (phase, seconds); layers: None where unknown, which hides all of a pass's collectives."""
+    in_pass = {p: sum(s for phase, s in comm if phase == p) for p in compute}
+    after = sum(s for phase, s in comm if phase == "after")
+    alone = 1 / layers if layers else 0
+    overlapped = sum(max(compute[p], (1 - alone) * in_pass[p]) + alone * in_pass[p] for p in compute) + after
+    return {"serial": sum(compute.values()) + sum(s for _, s in comm), "overlapped": overlapped}

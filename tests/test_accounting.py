@@ -6,7 +6,7 @@ import machine
 import options
 import record
 import train_gpt as t
-from accounting import explain, predict
+from accounting import explain, predict, shapes
 from conftest import facts
 
 PSI, G = 1_000_000, 4  # parameters, ranks
@@ -44,6 +44,11 @@ def test_the_prediction_imports_neither_torch_nor_deepspeed():
     imports = [line for line in (t.HERE / "accounting" / "predict.py").read_text().splitlines()
                if line.startswith(("import ", "from "))]
     assert imports == ["import math"]
+
+
+def test_train_gpt_builds_its_model_from_the_torch_free_shapes_which_count_its_parameters():
+    assert t.PRESETS is shapes.PRESETS and t.LOSS_CHUNK == shapes.LOSS_CHUNK
+    assert sum(p.numel() for p in t.GPT(t.PRESETS["tiny"]).parameters()) == t.PRESETS["tiny"].params
 
 
 def test_stage3_adds_whole_copies_of_persistent_parameters():

@@ -1,0 +1,56 @@
+"""
+The GPT's shapes, without torch: train_gpt.py builds its model from them and plan.py plans a cluster from them.
+"""
+from dataclasses import dataclass
+
+from accounting import predict
+
+LOSS_CHUNK = 256  # rows of logits per chunk of the loss
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    layers: int
+    heads: int
+    d_model: int
+    vocab: int
+    context: int
+    lr: float  # the peak learning rate after the warm-up, for the benchmark's few steps and small batches
+
+    @property
+    def padded_vocab(self):
+        # a multiple of 64 rows: the output layer's matmul with 50257 rows ran 5.6x slower on an H200 than with
+        # 50304 (benchmarks/h200/1-first-look/env.txt); the extra rows are tokens that never occur
+        return predict.padded(self.vocab)
+
+    @property
+    def block_params(self):
+        """One block: two LayerNorms (2d each), qkv and its projection (4d² + 4d), the MLP (8d² + 5d)."""
+        return 12 * self.d_model**2 + 13 * self.d_model
+
+    @property
+    def root_params(self):
+        """Outside the blocks: the token embedding, tied to the output layer, the positions and the final
+        LayerNorm. FSDP2 shards them as the root module."""
+        return (self.padded_vocab + self.context + 2) * self.d_model
+
+    @property
+    def params(self):
+        return self.root_params + self.layers * self.block_params
+
+
+# The GPT-3 paper's shapes, plus two byte-level models for CPUs: tiny, and small, sized for the memory-cap
+# demo. 1.3b's rate was measured on H200s (BENCHMARKS.md, section 9): Adam's first step moves every weight by
+# about the rate, whatever its gradient; at 1e-5 the loss rose at step 2, and a warm-up to it (5e-6, then
+# 1e-5) made bf16 rise at step 3 on 2 GPUs, where 5e-6 fell at every step. The other GPT-3 rates keep the
+# paper's ratios to 1.3b's.
+PRESETS = {
+    "tiny": GPTConfig(2, 4, 128, 256, 256, 3e-3),
+    "small": GPTConfig(8, 8, 1024, 256, 256, 1e-5),
+    "125m": GPTConfig(12, 12, 768, 50257, 1024, 1.5e-5),
+    "350m": GPTConfig(24, 16, 1024, 50257, 1024, 7.5e-6),
+    "760m": GPTConfig(24, 16, 1536, 50257, 1024, 6.25e-6),
+    "1.3b": GPTConfig(24, 16, 2048, 50257, 1024, 5e-6),
+    "2.7b": GPTConfig(32, 32, 2560, 50257, 1024, 4e-6),
+    "6.7b": GPTConfig(32, 32, 4096, 50257, 1024, 3e-6),
+}

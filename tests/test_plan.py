@@ -1,0 +1,194 @@
+"""plan.py and the arithmetic it adds to accounting/predict.py, held to the ZeRO paper's Table 1 and to torchtitan's
+published FSDP scaling: CPU only, no launch, no torch in plan.py."""
+import json
+import subprocess
+import sys
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import pytest
+
+import plan
+from accounting import predict
+
+ROOT = Path(__file__).resolve().parents[1]
+GB, GIB = 1e9, 2**30
+
+
+def planned(capsys, *argv):
+    """plan.py's --json plan for these arguments, from its command line."""
+    capsys.readouterr()
+    plan.main([str(a) for a in argv] + ["--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def rows(p, setup):
+    return {r["gpus"]: r for r in p["rows"] if r["setup"] == setup}
+
+
+# -----------------------------------------------------------------------------
+# the ZeRO paper's Table 1
+
+def three_figures(x):
+    """x to three significant figures, halves up, as tables print (a float's last-bit error dropped first)."""
+    d = Decimal(f"{x:.9g}")
+    return d.quantize(Decimal(1).scaleb(d.adjusted() - 2), rounding=ROUND_HALF_UP)
+
+
+# Per-device GB of model states (K = 12) for Pos, Pos+g and Pos+g+p by DP degree Nd: Rajbhandari et al. 2020,
+# "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", Table 1. The printed table was not
+# found in the search tool: the cells are derived from the paper's formulas (4Ψ + 12Ψ/Nd, 2Ψ + 14Ψ/Nd, 16Ψ/Nd)
+# to three significant figures. Checked against printed values: 7.5B at Nd 64 (31.4, 16.6, 1.88, which the
+# paper's Figure 1 prints too) and 1T at Nd 1024, Pos+g+p (15.6).
+TABLE_1 = {
+    7.5e9: {1: (120, 120, 120), 4: (52.5, 41.3, 30.0), 16: (35.6, 21.6, 7.50), 64: (31.4, 16.6, 1.88),
+            256: (30.4, 15.4, 0.469), 1024: (30.1, 15.1, 0.117)},
+    128e9: {1: (2048, 2048, 2048), 4: (896, 704, 512), 16: (608, 368, 128), 64: (536, 284, 32.0),
+            256: (518, 263, 8.00), 1024: (514, 258, 2.00)},
+    1e12: {1: (16000, 16000, 16000), 4: (7000, 5500, 4000), 16: (4750, 2880, 1000), 64: (4190, 2220, 250),
+           256: (4050, 2050, 62.5), 1024: (4010, 2010, 15.6)},
+}
+CELLS = [pytest.param(psi, nd, stage, gb[stage - 1], id=f"{psi / 1e9:g}B-Nd{nd}-stage{stage}")
+         for psi, by_nd in TABLE_1.items() for nd, gb in by_nd.items() for stage in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("psi, nd, stage, gb", CELLS)
+def test_model_states_give_every_cell_of_the_zero_papers_table_1(psi, nd, stage, gb):
+    states = predict.model_states(stage, "bf16", psi, predict.shard_elems(stage, psi, psi / nd, nd))
+    assert three_figures(sum(states.values()) / GB) == three_figures(gb)
+
+
+# -----------------------------------------------------------------------------
+# torchtitan's FSDP on Llama 3.1 8B, 8 and 128 H100s
+
+# pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Tables 1 and 3: FSDP, Llama
+# 3.1 8B, local batch size 2, selective activation checkpointing, H100s, 400 Gb/s per GPU between hosts:
+# TPS/GPU and Memory (GiB) by number of GPUs.
+TORCHTITAN = {8: (5762, 82.4), 128: (5605, 67.0)}
+# Llama 3.1 8B: its real parameter count (SwiGLU MLP of 14336, untied output), the shape for the activations
+# and the attention; torchtitan's training sequence is 8192 tokens.
+LLAMA_8B = dict(params=8_030_261_248, layers=32, d_model=4096, heads=32, vocab=128256, seq=8192)
+
+
+def torchtitan_plan(capsys):
+    """The plan as a user could ask for it: the MFU from the 8-GPU row's tokens/s (plan.py counts the
+    recomputed forward as work, so 4/3 of the model's), H100 SXM's peak, 400 Gb/s links (the default)."""
+    per_token = predict.flops_per_token(LLAMA_8B["params"], LLAMA_8B["layers"], LLAMA_8B["d_model"], LLAMA_8B["seq"])
+    mfu = TORCHTITAN[8][0] * per_token / 989e12 * 4 / 3
+    shape = [a for k, v in LLAMA_8B.items() for a in (f"--{k.replace('_', '-')}", v)]
+    return rows(planned(capsys, *shape, "--stages", "fsdp2", "--gpus", 8, 128, "--micro-batch", 2, "--checkpoint",
+                        "--peak-tflops", 989, "--mfu", mfu), "fsdp2")
+
+
+def test_torchtitans_tokens_per_gpu_fall_from_8_to_128_gpus_as_planned_within_2_points(capsys):
+    planned_rows = torchtitan_plan(capsys)
+    published = TORCHTITAN[128][0] / TORCHTITAN[8][0]  # 0.973: -2.7%
+    efficiency = planned_rows[128]["efficiency"]["overlapped"]  # the plan: 0.990
+    assert efficiency < 1 and abs(efficiency - published) <= 0.02
+    assert planned_rows[8]["tokens_per_s_per_gpu"]["overlapped"] == pytest.approx(TORCHTITAN[8][0], rel=0.01)
+
+
+def test_torchtitans_memory_drop_from_8_to_128_gpus_is_planned_within_10_percent(capsys):
+    planned_rows = torchtitan_plan(capsys)
+    published = TORCHTITAN[8][1] - TORCHTITAN[128][1]  # 15.4 GiB
+    drop = (planned_rows[8]["peak"] - planned_rows[128]["peak"]) / GIB  # the plan: 14.0 GiB, the model states
+    assert drop > 0 and abs(drop / published - 1) <= 0.10
+
+
+# -----------------------------------------------------------------------------
+# the arithmetic plan.py adds to predict.py
+
+def test_a_ring_collective_sends_its_bus_factor_of_the_bytes_at_the_bus_bandwidth():
+    assert predict.ring_seconds("all_gather", 8e9, 8, 100e9) == pytest.approx(8e9 * 7 / 8 / 100e9)
+    assert predict.ring_seconds("all_reduce", 8e9, 8, 100e9) == pytest.approx(2 * 8e9 * 7 / 8 / 100e9)
+    assert predict.ring_seconds("reduce_scatter", 8e9, 1, 100e9) == 0
+
+
+def test_checkpointing_recomputes_the_forward_in_backward_a_third_more_compute():
+    assert predict.pass_flops(6.0, False) == {"forward": 2.0, "backward": 4.0}
+    assert predict.pass_flops(6.0, True) == {"forward": 2.0, "backward": 6.0}
+
+
+def test_a_pass_hides_its_collectives_but_one_layers_share_and_those_after_backward_add_whole():
+    compute = {"forward": 1.0, "backward": 2.0}
+    step = predict.step_seconds(compute, [("forward", 0.5), ("backward", 4.0), ("after", 0.25)], layers=4)
+    assert step["serial"] == pytest.approx(3 + 4.75)
+    assert step["overlapped"] == pytest.approx((1 + 0.5 / 4) + (3 + 4 / 4) + 0.25)
+    assert predict.step_seconds(compute, [("forward", 0.5)], layers=None)["overlapped"] == 3
+
+
+def counted_bytes(summary, run):
+    """Bytes per kind of collective of a run's last step, as rank 0 counted them, but for the loss's all-reduce
+    of a few bytes."""
+    record = json.loads((ROOT / "benchmarks" / summary / "summary.json").read_text())["results"][run][0]
+    return {kind: c["bytes"] for kind, c in record["steps"][-1]["comm"].items() if c["bytes"] > 2**20}, record
+
+
+@pytest.mark.parametrize("summary, run, stage, engine", [
+    ("h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr", "stage0", 0, "deepspeed"),
+    ("h200x2/13-fsdp2/9-final4/r/20261130-182358-caAY", "stage3", 3, "deepspeed"),
+    ("h200x2/13-fsdp2/9-final4/r/20261130-182358-caAY", "fsdp2", 3, "fsdp2"),
+])
+def test_planned_collectives_are_the_bytes_a_two_gpu_run_counted_within_2_percent(summary, run, stage, engine):
+    counted, record = counted_bytes(summary, run)
+    shape = plan.PRESETS[record["model"]]
+    planned_bytes = {}
+    for kind, _, nbytes in predict.collectives(stage, engine, 2, record["params_total"], shape.root_params):
+        planned_bytes[kind] = planned_bytes.get(kind, 0) + nbytes
+    assert planned_bytes.keys() == counted.keys()
+    assert all(planned_bytes[k] == pytest.approx(counted[k], rel=0.02) for k in counted)
+
+
+# -----------------------------------------------------------------------------
+# the command line
+
+def test_plan_runs_without_torch_or_deepspeed_importable():
+    code = ("import sys; sys.modules['torch'] = None; sys.modules['deepspeed'] = None; import runpy; "
+            "sys.argv = ['plan.py', '--gpus', '8', '64']; runpy.run_path('plan.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "fsdp2" in proc.stdout and "smallest G on which the peak fits" in proc.stdout
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gpus", "0"], ["--mfu", "1.5"], ["--preset", "nope"], ["--layers", "4"], ["--bogus"],
+    ["--preset", "1.3b", "--layers", "4", "--d-model", "64", "--heads", "4", "--vocab", "256", "--seq", "64"],
+    ["--layers", "4", "--d-model", "100", "--heads", "3", "--vocab", "256", "--seq", "64"],
+    ["--preset", "1.3b", "--params", "1000"], ["--from", "/nonexistent"], ["--plot", "/nonexistent/p.png"],
+])
+def test_bad_input_gives_one_line_and_exit_status_2(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        plan.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("plan.py: error: ") and err.count("\n") == 1
+
+
+def test_json_gives_a_row_per_setup_and_gpu_count(capsys):
+    p = planned(capsys, "--gpus", 8, 64, 512, 1024)
+    assert [(r["setup"], r["gpus"]) for r in p["rows"]] == [(s, g) for s in plan.SETUPS for g in (8, 64, 512, 1024)]
+    assert p["model"]["params"] == 1_313_722_368 and set(p["smallest_fitting_gpus"]) == set(plan.SETUPS)
+
+
+def test_the_smallest_fitting_gpu_count_never_grows_with_the_gpus_memory(capsys):
+    smallest = [planned(capsys, "--preset", "6.7b", "--gpu-mem-gib", mem)["smallest_fitting_gpus"]
+                for mem in (12, 16, 24, 40, 80, 140)]
+    for setup in plan.SETUPS:
+        counts = [s[setup] or float("inf") for s in smallest]
+        assert counts == sorted(counts, reverse=True), setup
+    assert smallest[0]["0"] is None and smallest[-1]["3"] == 1
+
+
+def test_the_smallest_fitting_gpu_count_is_the_first_on_which_the_peak_fits(capsys):
+    g = planned(capsys, "--preset", "6.7b", "--gpu-mem-gib", 24)["smallest_fitting_gpus"]["3"]
+    before, at = (rows(planned(capsys, "--preset", "6.7b", "--gpu-mem-gib", 24, "--stages", "3", "--gpus", g - 1, g),
+                       "3")[n]["fits"] for n in (g - 1, g))
+    assert (before, at) == (False, True)
+
+
+def test_from_takes_the_machine_from_a_results_folder_and_given_flags_win(capsys):
+    folder = ROOT / "benchmarks/h200x2/13-fsdp2/9-final4/r/20261130-182358-caAY"
+    p = planned(capsys, "--from", folder, "--peak-tflops", 900)
+    i = p["inputs"]
+    assert i["gpu_mem_gib"] == pytest.approx(150109880320 / GIB) and i["device"] == "NVIDIA H200"
+    assert i["intra_busbw_gbs"] == pytest.approx(224, rel=0.01) and i["mfu"] == pytest.approx(0.1097, rel=0.01)
+    assert p["sources"]["peak_tflops"] == "given" and p["sources"]["inter_busbw_gbs"].startswith("assumed")
