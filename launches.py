@@ -66,8 +66,9 @@ def stage3_peak(args, config, ranks):
     states = sum(predict.model_states(3, args.dtype, params, shard).values())
     activations = predict.activation_bytes(shape, args.dtype, args.micro_batch, args.seq, args.checkpoint, True,
                                            LOSS_CHUNK)
-    transient = predict.step_transient_bytes(3, args.dtype, shard, False, sub_group=zero.get("sub_group_size"))
-    prefetch = predict.WIDTH[args.dtype] * zero.get("stage3_prefetch_bucket_size", 5e7)
+    sub_group = predict.sub_group_elems(zero, shape.padded_vocab * shape.d_model, ranks)
+    transient = predict.step_transient_bytes(3, args.dtype, shard, False, sub_group=sub_group)
+    prefetch = predict.WIDTH[args.dtype] * predict.zero_setting(zero, "stage3_prefetch_bucket_size")
     return predict.peak_bytes(states, 0, prefetch, activations, transient) + CONTEXT_BYTES
 
 

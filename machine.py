@@ -99,13 +99,14 @@ def keep_extensions_apart():
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions" / name))
 
 
-def release_shared_memory(rank):
+def release_shared_memory(world):
     """DeepSpeed's CPU all-reduce maps a 66 MB buffer per rank from /dev/shm, named after the master's
     address and port, and never unlinks it: each run on CPUs would leave its buffers behind until the
-    host's memory runs out. Unlinked after this rank's last collective, it goes when every rank has exited."""
-    name = (f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_"
-            f"{os.environ.get('MASTER_PORT')}_{rank}")
-    Path("/dev/shm", name).unlink(missing_ok=True)
+    host's memory runs out. Every rank unlinks every rank's on its way out, so that a peer that died leaves
+    none (a mapped buffer stays until its last process exits); run.sh removes what a killed run left."""
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_{os.environ.get('MASTER_ADDR')}_{os.environ.get('MASTER_PORT')}"
+    for rank in range(world):
+        Path("/dev/shm", f"{prefix}_{rank}").unlink(missing_ok=True)
 
 
 def cap_memory(device, gib):

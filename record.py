@@ -34,6 +34,7 @@ class Measured:
     """What a rank measured, part by part; a rank that fails keeps the parts it got."""
     shards: dict = None  # accounting.measure.shard_report
     weights_checksum: float = None
+    trained_checksum: float = None  # the same sum after the steps on the same rows (options.SAME_ROWS_STEPS)
     ready_s: float = None
     optimizer: str = None
     memory_at_start: dict = None  # the memory snapshot once the engine is ready
@@ -95,6 +96,7 @@ class Record:
     largest_param_elems: int = None
     shard_check_ok: bool = None
     weights_checksum: float = None
+    trained_checksum: float = None  # the weights checksum after the steps on the same rows
     gathered_tensors: int = None
     held_fraction: dict = None
     promised_fraction: dict = None
@@ -260,6 +262,7 @@ def assemble(run, m, shape, loss_chunk, zero, memory_now):
     """The record of one rank: run holds the run's facts (Record's first fields), m what it measured, zero the
     config's zero_optimization section; memory_now the memory snapshot at the end."""
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
+               trained_checksum=m.trained_checksum,
                gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
                link_busbw=m.link_busbw, timing=m.timing, **(m.shards or {}))
     snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]

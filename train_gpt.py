@@ -359,6 +359,8 @@ def train(engine, args, device, rank, facts, m):
         s = {"step": step, "loss": loss / world, "lr": engine.get_lr()[0], "time_s": elapsed,
              **measure.memory_snapshot(device), **comm}
         m.steps.append(s)
+        if step == min(options.SAME_ROWS_STEPS, args.steps):  # the weights that the verdict's (c) compares
+            m.trained_checksum = measure.weights_checksum(engine.module, rank, device)
         tflops = m.flops_per_token * tokens_per_step / elapsed / facts["gpus"] / 1e12
         log(rank, record.step_line(s, args.steps, tokens_per_step, tflops, m.peak_tflops))
         Stop.reason = (f"interrupted by {signal.Signals(Stop.signal or signal.SIGTERM).name}" if signalled
@@ -466,7 +468,7 @@ def main(argv=None):
     # Leave without the interpreter's teardown: after ZeRO-3 on gloo it sometimes aborts the process
     # ("terminate called without an active exception") after all work is done. A failed rank's peers may
     # be blocked in a collective; the launcher ends them when it sees the failure's exit status.
-    machine.release_shared_memory(rank)
+    machine.release_shared_memory(world)
     sys.stderr.flush()
     os._exit(record.exit_status(r))
 

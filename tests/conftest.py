@@ -2,6 +2,7 @@
 the tests read its logs."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -157,7 +158,7 @@ def failing_config(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sweep(tmp_path_factory):
     """`bash run.sh --ranks "1 2"`: both stages at two world sizes, in one results folder."""
-    return run_sh_once(tmp_path_factory, "sweep", "--ranks", "1 2", "--steps", "2")
+    return run_sh_once(tmp_path_factory, "sweep", "--ranks", "1 2")
 
 
 @pytest.fixture(scope="session")
@@ -286,3 +287,86 @@ def original_design(tmp_path_factory):
     proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
                 "--config", str(folder / "original.json")], log=log)
     return SimpleNamespace(proc=proc, records=report.read_results(log))
+
+
+@pytest.fixture(scope="session")
+def planted_faults(tmp_path_factory, run_sh):
+    """Results folders that pair run_sh's healthy stage-0 log with a stage-3 run carrying one planted fault
+    (tests/plant_fault.py), and, for a rate of 0, a stage-0 run with it too, so that the two stages agree."""
+    folders = {}
+    for fault, stages in {"lr0": (0, 3), "zero_grads": (3,), "perturb_shard": (3,)}.items():
+        folder = tmp_path_factory.mktemp(fault)
+        for stage in (0, 3):
+            log = folder / f"stage{stage}.log"
+            if stage in stages:
+                run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                     str(free_port()), "tests/plant_fault.py", fault, "--stage", str(stage)], log=log)
+            else:
+                shutil.copy(run_sh.folder / log.name, log)
+        folders[fault] = folder
+    return folders
+
+
+def run_processes(results):
+    """The processes still alive that a run.sh with its results under `results` started (ZERO3_BENCH_RUN)."""
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("ZERO3_BENCH_RUN", "").startswith(str(results)):
+                alive.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return alive
+
+
+def run_sh_signalled(tmp_path_factory, name, act, *args):
+    """`bash run.sh --steps 3000 ARGS` in a session of its own, and act(run_sh's Popen, results) once its rank 0
+    has logged step 5; then the exit status, the seconds from act to run.sh's end, the output, the folder, the
+    run's processes still alive just after, and the shared-memory buffers of its port."""
+    results = tmp_path_factory.mktemp(name)
+    out = results / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(["bash", "run.sh", "--steps", "3000", *args], cwd=ROOT, stdout=sink,
+                                stderr=subprocess.STDOUT, env={**os.environ, "RESULTS": str(results)},
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while "step 5/3000" not in out.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+        acted = time.monotonic()
+        act(proc, results)
+        status = proc.wait(timeout=120)
+        seconds = time.monotonic() - acted
+        alive = run_processes(results)
+    finally:
+        for leftover in [proc, *run_processes(results)]:
+            leftover.kill()
+    [folder] = [p for p in results.iterdir() if p.is_dir()]
+    port = re.search(r"--master_port (\d+)", report.read_command(next(folder.glob("*.log"))))[1]
+    return SimpleNamespace(status=status, seconds=seconds, out=out.read_text(), folder=folder, alive=alive,
+                           buffers=list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")))
+
+
+@pytest.fixture(scope="session")
+def ctrl_c(tmp_path_factory):
+    """Ctrl-C at a terminal: SIGINT to run.sh's whole process group, during stage 0 of stages 0 and 3."""
+    return run_sh_signalled(tmp_path_factory, "ctrl_c", lambda proc, _: os.killpg(proc.pid, signal.SIGINT))
+
+
+@pytest.fixture(scope="session")
+def sigterm(tmp_path_factory):
+    """A scheduler's SIGTERM to run.sh alone, during stage 3."""
+    return run_sh_signalled(tmp_path_factory, "sigterm", lambda proc, _: proc.terminate(), "--stages", "3")
+
+
+def kill_rank_1(proc, results):
+    [rank1] = [p for p in run_processes(results) if "train_gpt.py" in " ".join(p.cmdline())
+               and p.environ().get("RANK") == "1"]
+    rank1.kill()
+
+
+@pytest.fixture(scope="session")
+def rank_killed(tmp_path_factory):
+    """SIGKILL to rank 1 during stage 3."""
+    return run_sh_signalled(tmp_path_factory, "killed", kill_rank_1, "--stages", "3")

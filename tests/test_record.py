@@ -22,7 +22,8 @@ def test_summary_json_holds_environment_commands_results_and_verdict(run_sh):
     assert record["command"] == "bash run.sh"
     assert set(record["commands"]) == {"stage0", "stage3"}
     for cmd in record["commands"].values():
-        assert cmd.startswith("deepspeed --num_gpus 2") and "train_gpt.py --stage" in cmd
+        assert cmd.startswith("python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2")
+        assert "train_gpt.py --stage" in cmd
     env = record["environment"]
     assert env["torch"] and env["deepspeed"] and env["python"] and len(env["hosts"]) == 1
     assert [len(record["results"][name]) for name in ("stage0", "stage3")] == [2, 2]

@@ -1,0 +1,78 @@
+"""Interrupted, killed or diverged: every process that run.sh started ends, no shared memory is left, and the
+report says what finished."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import machine
+from conftest import ROOT
+
+
+@pytest.mark.parametrize("case, signal_name, status", [("ctrl_c", "SIGINT", 130), ("sigterm", "SIGTERM", 143)])
+def test_a_signal_ends_every_process_within_10_s_with_128_plus_its_number(case, signal_name, status, request):
+    run = request.getfixturevalue(case)
+    assert run.status == status, run.out[-3000:]
+    assert run.seconds < 10
+    assert run.alive == []
+
+
+@pytest.mark.parametrize("case", ["ctrl_c", "sigterm", "rank_killed"])
+def test_no_shared_memory_of_the_run_is_left(case, request):
+    assert request.getfixturevalue(case).buffers == []
+
+
+@pytest.mark.parametrize("case", ["ctrl_c", "sigterm"])
+def test_an_interrupted_run_names_its_folder_at_start_and_end(case, request):
+    run = request.getfixturevalue(case)
+    lines = run.out.splitlines()
+    assert lines[0] == f"results: {run.folder}" and lines[-1].startswith(f"results: {run.folder} (")
+    assert (run.folder / "report.txt").exists() and (run.folder / "summary.json").exists()
+
+
+def test_ctrl_c_reports_the_steps_done_and_the_stages_not_started(ctrl_c):
+    assert "VERDICT: INTERRUPTED by SIGINT: stage0 " in ctrl_c.out
+    assert "of 3000 steps; not started: stage3" in ctrl_c.out
+
+
+def test_an_interrupted_rank_reports_the_steps_it_completed(sigterm):
+    import report
+    [r0, r1] = report.load_runs(sigterm.folder)["stage3"]
+    assert r0["interrupted_by"] == r1["interrupted_by"] == "SIGTERM"
+    assert 5 <= len(r0["steps"]) == len(r1["steps"]) < 3000 and r0["steps_planned"] == 3000
+
+
+def test_a_killed_rank_is_named_and_fails_the_run(rank_killed):
+    assert rank_killed.status == 1, rank_killed.out[-3000:]
+    assert "stage3: rank 1 on " in rank_killed.out and "killed by SIGKILL" in rank_killed.out
+    assert "VERDICT: FAIL" in rank_killed.out and rank_killed.alive == []
+
+
+@pytest.mark.parametrize("results", ["/etc/hostname/x", "/proc/x"])
+def test_an_unusable_results_location_is_bad_input_before_any_check(results):
+    proc = subprocess.run(["bash", "run.sh"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RESULTS": results})
+    assert proc.returncode == 2
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("run.sh: error: RESULTS ") and "Traceback" not in proc.stdout
+
+
+@pytest.mark.parametrize("lr, says", [("1e30", "the loss is not finite"), ("1e3", "over 10x the first step's")])
+def test_a_diverged_loss_stops_the_run_at_that_step_with_exit_4(lr, says):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(machine.free_port()), "train_gpt.py", "--stage", "3", "--lr", lr, "--steps", "100000"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "exitcode  : 4" in proc.stderr, proc.stderr[-3000:]
+    assert f"stopped after step " in proc.stdout and says in proc.stdout
+    assert "step 100/100000" not in proc.stdout
+
+
+def test_each_environment_builds_its_ops_in_a_cache_of_its_own(monkeypatch):
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    machine.keep_extensions_apart()
+    mine = os.environ["TORCH_EXTENSIONS_DIR"]
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(sys, "prefix", "/some/other/venv")
+    machine.keep_extensions_apart()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] != mine and "venv-torch" in os.environ["TORCH_EXTENSIONS_DIR"]
