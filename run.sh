@@ -89,6 +89,8 @@ while IFS=$'\t' read -r kind n name argv; do
       eval "train=($argv)"
       if [ -n "${HOSTFILE:-}" ]; then
         launcher=(deepspeed --hostfile "$HOSTFILE" --master_port "$port" train_gpt.py)
+      elif [ "$n" = 1 ]; then  # one rank needs no launcher, which would cost seconds of start-up
+        launcher=(env MASTER_PORT="$port" python3 train_gpt.py)
       else
         launcher=(python3 -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" --master_port "$port" train_gpt.py)
       fi

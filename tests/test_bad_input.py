@@ -275,7 +275,7 @@ def test_a_valid_check_prints_one_line_and_exits_0(check):
     assert result.status == 0 and result.err == []
     [line] = result.out
     assert line.startswith("stage 3, bf16 (from the config), micro batch 2 per rank (from "
-                           "train_micro_batch_size_per_gpu) x 1 rank(s), lr 0.003 (from the preset; ")
+                           "train_micro_batch_size_per_gpu) x 1 rank(s), lr 0.001 (from the preset; ")
     assert line.endswith("), optimizer torch AdamW, config " + str(train_gpt.HERE / "ds_config_stage3.json"))
 
 
