@@ -92,7 +92,8 @@ while IFS=$'\t' read -r kind n name argv; do
       elif [ "$n" = 1 ]; then  # one rank needs no launcher, which would cost seconds of start-up
         launcher=(env MASTER_PORT="$port" python3 train_gpt.py)
       else
-        launcher=(python3 -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" --master_port "$port" train_gpt.py)
+        launcher=(python3 -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" --master_port "$port"
+                  train_gpt.py)
       fi
       log=$out/$name.log
       echo "== $name: ${train[*]} on $n rank(s); log $log"

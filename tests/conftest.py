@@ -260,7 +260,8 @@ def hung_rank(tmp_path_factory):
         except subprocess.TimeoutExpired:
             status = None
         return SimpleNamespace(status=status, seconds=time.monotonic() - stopped, log=log,
-                               records=report.read_results(log))
+                               records=report.read_results(log), buffers=list(
+                                   Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*")))
     finally:
         for proc in ranks:
             try:
@@ -269,7 +270,6 @@ def hung_rank(tmp_path_factory):
                 pass
         launcher.kill()
         launcher.wait()
-        # a killed rank leaves DeepSpeed's CPU all-reduce buffer behind (train_gpt.py unlinks it on its way out)
         for buffer in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
             buffer.unlink(missing_ok=True)
 
@@ -343,9 +343,14 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
         for leftover in [proc, *run_processes(results)]:
             leftover.kill()
     [folder] = [p for p in results.iterdir() if p.is_dir()]
-    port = re.search(r"--master_port (\d+)", report.read_command(next(folder.glob("*.log"))))[1]
     return SimpleNamespace(status=status, seconds=seconds, out=out.read_text(), folder=folder, alive=alive,
-                           buffers=list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")))
+                           buffers=shared_memory_of(folder))
+
+
+def shared_memory_of(folder):
+    """DeepSpeed's CPU all-reduce buffers left in /dev/shm by the runs of a results folder, found by their port."""
+    port = re.search(r"--master_port[ =](\d+)", report.read_command(next(folder.glob("*.log"))))[1]
+    return list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 
 @pytest.fixture(scope="session")

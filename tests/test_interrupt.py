@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import machine
-from conftest import ROOT
+from conftest import ROOT, shared_memory_of
 
 
 @pytest.mark.parametrize("case, signal_name, status", [("ctrl_c", "SIGINT", 130), ("sigterm", "SIGTERM", 143)])
@@ -21,6 +21,14 @@ def test_a_signal_ends_every_process_within_10_s_with_128_plus_its_number(case, 
 @pytest.mark.parametrize("case", ["ctrl_c", "sigterm", "rank_killed"])
 def test_no_shared_memory_of_the_run_is_left(case, request):
     assert request.getfixturevalue(case).buffers == []
+
+
+def test_no_shared_memory_is_left_after_a_timeout(hung_rank):
+    assert hung_rank.buffers == []
+
+
+def test_no_shared_memory_is_left_after_an_out_of_memory(memory_cap):
+    assert shared_memory_of(memory_cap.folder) == []
 
 
 @pytest.mark.parametrize("case", ["ctrl_c", "sigterm"])
