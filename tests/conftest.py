@@ -23,9 +23,14 @@ from machine import free_port  # noqa: E402
 
 
 def run(cmd, env=None, log=None):
-    # a launch that hangs fails its tests after 10 minutes, not CI's 90
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})})
+    # a launch that hangs fails its tests after 10 minutes, not CI's 90, and leaves none of its processes behind
+    marker = tempfile.mkdtemp(prefix="launch-")
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "ZERO3_TEST_LAUNCH": marker, **(env or {})})
+    finally:
+        for leftover in run_processes(marker, "ZERO3_TEST_LAUNCH"):
+            leftover.kill()
     if log:
         log.write_text(proc.stdout + proc.stderr)
     return proc
@@ -307,12 +312,13 @@ def planted_faults(tmp_path_factory, run_sh):
     return folders
 
 
-def run_processes(results):
-    """The processes still alive that a run.sh with its results under `results` started (ZERO3_BENCH_RUN)."""
+def run_processes(results, variable="ZERO3_BENCH_RUN"):
+    """The processes still alive that a run.sh with its results under `results` started (ZERO3_BENCH_RUN), or
+    that a test's launch started (ZERO3_TEST_LAUNCH)."""
     alive = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("ZERO3_BENCH_RUN", "").startswith(str(results)):
+            if proc.environ().get(variable, "").startswith(str(results)):
                 alive.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass

@@ -45,9 +45,8 @@ def test_fsdp2_holds_16_bytes_per_parameter_over_the_ranks_as_fp32_weights_grads
 
 def test_the_report_compares_stage_3_with_fsdp2(fsdp2_peer):
     out = fsdp2_peer.proc.stdout
-    header = next(line for line in out.splitlines() if line.split() == ["fsdp2", "stage3", "fsdp2/stage3"])
-    assert header
-    assert "stage 3 against fsdp2: " in out and "x its tokens/s" in out and "the losses agree to" in out
+    assert any(line.split() == ["fsdp2", "stage3", "stage3", "against", "fsdp2"] for line in out.splitlines())
+    assert "stage 3 against fsdp2: speed not compared (CPU processes)" in out and "the losses agree to" in out
     record = json.loads((fsdp2_peer.folder / "summary.json").read_text())
     assert set(record["results"]) == {"fsdp2", "stage3"}
     assert (fsdp2_peer.folder / "memory.png").stat().st_size > 0
