@@ -9,6 +9,9 @@ import pytest
 import report
 from conftest import ROOT, planted
 
+# a results folder in the repository, from a rehearsal of 4 ranks on one H200
+COMMITTED = ROOT / "benchmarks" / "h200" / "21-verdict" / "2-warm" / "results" / "20261201-111451-Hmzt"
+
 
 def test_run_sh_writes_summary_files_and_a_plot(run_sh):
     for name in ("summary.json", "summary.md", "memory.png"):
@@ -69,6 +72,13 @@ def test_compare_flags_a_planted_slowdown_beyond_the_tolerance_only(run_sh, tmp_
     assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "5"]) == 1
     assert "stage3 tokens/s -10.0%" in capsys.readouterr().out
     assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "15"]) == 0
+
+
+def test_compare_tracks_a_figure_whatever_its_row_is_called(tmp_path, capsys, monkeypatch):
+    renamed = [("peak (renamed)", *row[1:]) if row[1] is report.peak_memory else row for row in report.COMPARISON]
+    monkeypatch.setattr(report, "COMPARISON", renamed)
+    assert report.main(["--compare", str(COMMITTED), str(scaled(COMMITTED, tmp_path, peak=1.2))]) == 1
+    assert "stage3 peak (renamed) +20.0%" in capsys.readouterr().out
 
 
 def test_long_phases_and_each_step_report_progress(run_sh):
