@@ -789,12 +789,23 @@ def tracked_rows():
     return [(rows[figure], bad) for figure, bad in TRACKED.items()]
 
 
+def steps_trained(record):
+    """The steps a run was to train; logs from before steps_planned was recorded give the steps that ran."""
+    return record.get("steps_planned") or len(record["steps"])
+
+
+def settings(record):
+    """What two runs of one name must agree on to measure the same thing: SAME_IN_BOTH, the GPUs, and the steps,
+    which move the last loss and the steps that speed is timed over."""
+    return {**{key: record.get(key) for key in (*SAME_IN_BOTH, "gpus")}, "steps": steps_trained(record)}
+
+
 def compare_run(name, a, b, tolerance):
     """One run in folders A and B: its table rows, and its regressions."""
     rows, regressed = [], []
     if status(a).startswith("ok") and not status(b).startswith("ok"):
         regressed.append(f"{name} no longer finishes ({status(b)})")
-    differ = [key for key in (*SAME_IN_BOTH, "gpus") if a and b and a[0].get(key) != b[0].get(key)]
+    differ = [key for key, value in settings(a[0]).items() if settings(b[0])[key] != value] if a and b else []
     if differ:
         regressed.append(f"{name} measured something else: it differs in {', '.join(differ)}")
     for (label, get, spec, *_), bad in tracked_rows():
@@ -813,7 +824,7 @@ def compare_run(name, a, b, tolerance):
 def compare(a, b, tolerance):
     """Print what moved between two results folders, run by run; return 1 if memory or speed regressed
     by more than tolerance percent, a run of A is missing from B or no longer finishes, or a run measured
-    something else (another model, batch, dtype, number of ranks or GPUs), else 0."""
+    something else (another model, batch, dtype, number of ranks, GPUs or steps), else 0."""
     runs_a, runs_b = load_runs(a), load_runs(b)
     rows, regressed = [("run", "figure", "A", "B", "change", "")], []
     regressed += [f"{name} is missing from B" for name in runs_a if name not in runs_b]

@@ -74,6 +74,14 @@ def test_compare_flags_a_planted_slowdown_beyond_the_tolerance_only(run_sh, tmp_
     assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "15"]) == 0
 
 
+def test_compare_flags_runs_that_trained_another_number_of_steps(tmp_path, capsys):
+    def two_steps(r):
+        return {**r, "steps_planned": 2, "steps": r["steps"][:2], "losses": r["losses"][:2]}
+    assert report.main(["--compare", str(COMMITTED), str(planted(COMMITTED, tmp_path, "stage3", two_steps))]) == 1
+    assert "stage3 measured something else: it differs in steps" in capsys.readouterr().out
+    assert report.steps_trained({"steps": [{}, {}]}) == 2  # a log from before steps_planned
+
+
 def test_compare_tracks_a_figure_whatever_its_row_is_called(tmp_path, capsys, monkeypatch):
     renamed = [("peak (renamed)", *row[1:]) if row[1] is report.peak_memory else row for row in report.COMPARISON]
     monkeypatch.setattr(report, "COMPARISON", renamed)
