@@ -608,13 +608,17 @@ def verdict_lines(checks):
 
 
 def run_environment(runs):
-    """The software and machines of a run, from the ranks' records."""
+    """The software and machines of a run, from the ranks' records: the GPUs it used or, without GPUs, its CPU
+    processes (which the records count as their "gpus", the devices that share the work)."""
     records = [r for rs in runs.values() for r in rs if r.get("env")]
     if not records:
         return {}
     env = {k: v for k, v in records[0]["env"].items() if k != "host"}
     env["hosts"] = sorted({r["env"]["host"] for r in records})
-    env["gpus"] = max(r["gpus"] for r in records) if records[0]["mem_kind"] == "cuda" else 0
+    if records[0]["mem_kind"] == "cuda":
+        env["gpus"] = max(r["gpus"] for r in records)
+    else:
+        env.update(device="CPU processes", processes=max(r["world_size"] for r in records))
     return env
 
 

@@ -50,6 +50,12 @@ def test_without_matplotlib_the_plot_is_skipped_with_one_line(run_sh, tmp_path):
     assert (folder / "summary.json").exists() and not (folder / "memory.png").exists()
 
 
+def test_summary_md_counts_cpu_processes_not_gpus(run_sh):
+    text = (run_sh.folder / "summary.md").read_text()
+    assert "| device | CPU processes |" in text and "| processes | 2 |" in text
+    assert "gpus | 0" not in text
+
+
 def scaled(folder, tmp_path, peak=1.0, speed=1.0):
     """A copy of a results folder whose stage-3 logs claim another peak memory and speed."""
     return planted(folder, tmp_path, "stage3", lambda r: {**r, "peak_mem_bytes": int(r["peak_mem_bytes"] * peak),
