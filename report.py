@@ -2,7 +2,8 @@
 Reads the RESULT lines that train_gpt.py leaves in a run's logs, compares the ZeRO stages, and keeps a
 record of the run:
 
-    python report.py results/<timestamp>           # table, verdict; writes summary.json, summary.md, memory.png
+    python report.py results/<timestamp>           # table, verdict
+    python report.py --write results/<timestamp>   # and writes summary.json, summary.md, memory.png there
     python report.py --compare results/A results/B [--tolerance 5]   # what moved; exit 1 on a regression
 
 The verdict exits 0 on PASS, 1 on FAIL, 5 when it is not observable (one rank), 2 on bad input. Only the
@@ -770,10 +771,18 @@ def plot(folder, runs):
 
 
 def write_record(folder, runs, checks, overall, verdict_at):
+    """summary.json, summary.md and memory.png in the folder; returns the names of the files written."""
     record = summary(folder, runs, checks, overall, verdict_at)
     Path(folder, "summary.json").write_text(json.dumps(without_nan(record), indent=1, allow_nan=False))
     Path(folder, "summary.md").write_text(summary_markdown(record, runs, checks))
-    return plot(folder, runs)
+    return ["summary.json", "summary.md"] + (["memory.png"] if plot(folder, runs) else [])
+
+
+def results_line(folder, written):
+    """The last line: the folder, and the files of its record that this report wrote, with report.txt where run.sh
+    (which sets RUN_COMMAND) tees this output into it."""
+    files = (["report.txt"] if os.environ.get("RUN_COMMAND") else []) + written
+    return f"results: {folder}" + (f" ({', '.join(files)})" if files else "")
 
 
 # -----------------------------------------------------------------------------
@@ -852,6 +861,8 @@ def main(argv=None):
     p.add_argument("folder", nargs="?", type=Path, help="a results folder of run.sh")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="two results folders, A before B")
     p.add_argument("--tolerance", type=float, default=5.0, help="percent a figure may worsen in --compare (default 5)")
+    p.add_argument("--write", action="store_true", help="write summary.json, summary.md and memory.png into the "
+                   "folder (run.sh does, into its own); without it, reading a folder changes nothing")
     args = p.parse_args(argv)
     for folder in args.compare or [args.folder]:
         if folder is None or not folder.is_dir() or not any(folder.glob("*.log")):
@@ -872,9 +883,8 @@ def main(argv=None):
         print(f"\nVERDICT: INTERRUPTED by {stopped_by}: " + "; ".join(progress_lines(runs)))
     else:
         print(f"\nVERDICT: {overall}")
-    verdict_at = time.time()
-    drawn = write_record(args.folder, runs, checks, overall, verdict_at)
-    print(f"results: {args.folder} (report.txt, summary.json, summary.md{', memory.png' if drawn else ''})")
+    written = write_record(args.folder, runs, checks, overall, time.time()) if args.write else []
+    print(results_line(args.folder, written))
     return 128 + SIGNALS[stopped_by] if stopped_by else EXIT[overall]
 
 

@@ -43,7 +43,8 @@ def test_summary_md_is_a_readable_report(run_sh):
 def test_without_matplotlib_the_plot_is_skipped_with_one_line(run_sh, tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(run_sh.folder, folder, ignore=shutil.ignore_patterns("memory.png"))
-    code = "import sys; sys.modules['matplotlib'] = None; import report; sys.exit(report.main([sys.argv[1]]))"
+    code = ("import sys; sys.modules['matplotlib'] = None; import report; "
+            "sys.exit(report.main(['--write', sys.argv[1]]))")
     proc = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "memory.png skipped: matplotlib is not installed" in proc.stdout
@@ -54,6 +55,33 @@ def test_summary_md_counts_cpu_processes_not_gpus(run_sh):
     text = (run_sh.folder / "summary.md").read_text()
     assert "| device | CPU processes |" in text and "| processes | 2 |" in text
     assert "gpus | 0" not in text
+
+
+def git_status(folder):
+    return subprocess.run(["git", "status", "--porcelain", "--", str(folder)], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_reading_a_committed_folder_changes_nothing_in_it(capsys):
+    assert git_status(COMMITTED) == "", "the test needs the committed folder as committed"
+    assert report.main([str(COMMITTED)]) == 0
+    assert git_status(COMMITTED) == ""
+    assert capsys.readouterr().out.splitlines()[-1] == f"results: {COMMITTED}"
+
+
+def test_write_puts_the_record_into_the_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RUN_COMMAND", raising=False)  # run.sh's, which would add its report.txt
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for log in COMMITTED.glob("*.log"):
+        shutil.copy(log, folder)
+    report.main([str(folder)])
+    assert sorted(p.name for p in folder.iterdir()) == ["stage0.log", "stage3.log"]
+    report.main(["--write", str(folder)])
+    assert capsys.readouterr().out.splitlines()[-1] == f"results: {folder} (summary.json, summary.md, memory.png)"
+    assert json.loads((folder / "summary.json").read_text())["verdict"] == "PASS"
+    assert "| gpus | 1 |" in (folder / "summary.md").read_text()  # one H200, which 4 ranks shared
+    assert (folder / "memory.png").stat().st_size > 0
 
 
 def scaled(folder, tmp_path, peak=1.0, speed=1.0):
@@ -129,7 +157,7 @@ def test_a_log_without_results_still_gives_a_record(run_sh, tmp_path, capsys):
     folder = tmp_path / "crashed"
     shutil.copytree(run_sh.folder, folder)
     (folder / "stage0.log").write_text("Segmentation fault\n")
-    assert report.main([str(folder)]) == 1
+    assert report.main(["--write", str(folder)]) == 1
     assert json.loads((folder / "summary.json").read_text())["verdict"] == "FAIL"
     assert "no result" in capsys.readouterr().out
 
@@ -139,5 +167,5 @@ def test_summary_json_stays_valid_json_when_the_loss_diverges(run_sh, tmp_path):
     shutil.copytree(run_sh.folder, folder)
     log = folder / "stage3.log"
     log.write_text(log.read_text().replace('"first_loss": ', '"first_loss": NaN, "was": '))
-    report.main([str(folder)])
+    report.main(["--write", str(folder)])
     json.loads((folder / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))
