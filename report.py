@@ -2,7 +2,8 @@
 Reads the RESULT lines that train_gpt.py leaves in a run's logs, compares the ZeRO stages, and keeps a
 record of the run:
 
-    python report.py results/<timestamp>           # table, verdict; writes summary.json, summary.md, memory.png
+    python report.py results/<timestamp>           # table, verdict
+    python report.py --write results/<timestamp>   # and writes summary.json, summary.md, memory.png there
     python report.py --compare results/A results/B [--tolerance 5]   # what moved; exit 1 on a regression
 
 The verdict exits 0 on PASS, 1 on FAIL, 5 when it is not observable (one rank), 2 on bad input. Only the
@@ -184,6 +185,34 @@ SMALLER, FASTER, LOWER = ("less", "more"), ("slower", "faster"), ("lower", "high
 # Below this share of the other run's figure, a figure is next to nothing, and a ratio against it means nothing.
 NEAR_ZERO = 0.01
 
+
+# the figures that --compare follows (TRACKED), named so that it finds their rows whatever their labels
+
+
+def model_states(records):
+    return worst(records, "model_state_bytes")
+
+
+def peak_memory(records):
+    return worst(records, "peak_mem_bytes") or None
+
+
+def first_loss(records):
+    return first(records, "first_loss")
+
+
+def last_loss(records):
+    return (first(records, "losses") or [None])[-1]
+
+
+def tokens_per_s(records):
+    return first(records, "tokens_per_s")
+
+
+def mfu(records):
+    return first(records, "mfu")
+
+
 # the comparison's rows: label, the figure of one run, its format, the words of a ratio of two runs (None where a
 # ratio means nothing), whether the row is left out when no run has the figure (offload only, GPUs only), and
 # whether it is a speed, which CPU processes and rehearsals do not measure
@@ -192,7 +221,7 @@ COMPARISON = [
     ("partitioned tensors", lambda rs: worst(rs, "partitioned_tensors"), "d", None, False, False),
     ("param tensors", lambda rs: worst(rs, "param_tensors"), "d", None, False, False),
     ("local params", lambda rs: worst(rs, "local_param_elems"), ",", SMALLER, False, False),
-    ("model states", lambda rs: worst(rs, "model_state_bytes"), "bytes", SMALLER, False, False),
+    ("model states", model_states, "bytes", SMALLER, False, False),
     ("  ZeRO paper", lambda rs: worst(rs, "predicted_model_state_bytes"), "bytes", SMALLER, False, False),
     ("  error", lambda rs: relative_error(worst(rs, "model_state_bytes"), worst(rs, "predicted_model_state_bytes")),
      "+.1%", None, False, False),
@@ -203,7 +232,7 @@ COMPARISON = [
     ("  error", lambda rs: relative_error(worst(rs, "host_state_bytes"), worst(rs, "predicted_host_state_bytes")),
      "+.1%", None, True, False),
     ("other tensors", other_bytes, "bytes", None, False, False),
-    ("peak memory", lambda rs: worst(rs, "peak_mem_bytes") or None, "bytes", SMALLER, False, False),
+    ("peak memory", peak_memory, "bytes", SMALLER, False, False),
     ("  estimated", lambda rs: worst(rs, "predicted_peak_bytes") if first(rs, "mem_kind") == "cuda" else None,
      "bytes", SMALLER, True, False),
     ("all-gather / step", lambda rs: comm(rs, "comm_bytes", "all_gather"), "bytes", SMALLER, True, False),
@@ -217,13 +246,13 @@ COMPARISON = [
     ("busbw all-reduce GB/s", lambda rs: gbps(comm(rs, "busbw", "all_reduce")), ",.0f", LOWER, True, False),
     ("  all-gather alone GB/s", lambda rs: gbps(first(rs, "link_busbw")), ",.0f", None, True, False),
     ("  NVLink GB/s", lambda rs: gbps(first(rs, "link_bytes_per_s")), ",.0f", None, True, False),
-    ("first loss", lambda rs: first(rs, "first_loss"), ".4f", None, False, False),
-    ("last loss", lambda rs: (first(rs, "losses") or [None])[-1], ".4f", None, False, False),
+    ("first loss", first_loss, ".4f", None, False, False),
+    ("last loss", last_loss, ".4f", None, False, False),
     ("step time s", lambda rs: first(rs, "step_time_s"), ".3f", FASTER[::-1], False, True),
     ("  timed from step", lambda rs: first(rs, "timed_from") if first(rs, "deepcompile") else None, "d", None, True,
      False),
-    ("tokens/s", lambda rs: first(rs, "tokens_per_s"), ",.0f", FASTER, False, True),
-    ("MFU", lambda rs: first(rs, "mfu"), ".1%", LOWER, False, True),
+    ("tokens/s", tokens_per_s, ",.0f", FASTER, False, True),
+    ("MFU", mfu, ".1%", LOWER, False, True),
 ]
 
 
@@ -580,13 +609,17 @@ def verdict_lines(checks):
 
 
 def run_environment(runs):
-    """The software and machines of a run, from the ranks' records."""
+    """The software and machines of a run, from the ranks' records: the GPUs it used or, without GPUs, its CPU
+    processes (which the records count as their "gpus", the devices that share the work)."""
     records = [r for rs in runs.values() for r in rs if r.get("env")]
     if not records:
         return {}
     env = {k: v for k, v in records[0]["env"].items() if k != "host"}
     env["hosts"] = sorted({r["env"]["host"] for r in records})
-    env["gpus"] = max(r["gpus"] for r in records) if records[0]["mem_kind"] == "cuda" else 0
+    if records[0]["mem_kind"] == "cuda":
+        env["gpus"] = max(r["gpus"] for r in records)
+    else:
+        env.update(device="CPU processes", processes=max(r["world_size"] for r in records))
     return env
 
 
@@ -738,46 +771,79 @@ def plot(folder, runs):
 
 
 def write_record(folder, runs, checks, overall, verdict_at):
+    """summary.json, summary.md and memory.png in the folder; returns the names of the files written."""
     record = summary(folder, runs, checks, overall, verdict_at)
     Path(folder, "summary.json").write_text(json.dumps(without_nan(record), indent=1, allow_nan=False))
     Path(folder, "summary.md").write_text(summary_markdown(record, runs, checks))
-    return plot(folder, runs)
+    return ["summary.json", "summary.md"] + (["memory.png"] if plot(folder, runs) else [])
+
+
+def results_line(folder, written):
+    """The last line: the folder, and the files of its record that this report wrote, with report.txt where run.sh
+    (which sets RUN_COMMAND) tees this output into it."""
+    files = (["report.txt"] if os.environ.get("RUN_COMMAND") else []) + written
+    return f"results: {folder}" + (f" ({', '.join(files)})" if files else "")
 
 
 # -----------------------------------------------------------------------------
 # comparing two runs
 
 
-# the comparison's rows that --compare follows, and what a regression is: a rise or a fall (none for losses)
-TRACKED = {"peak memory": "rise", "model states": "rise", "tokens/s": "fall", "MFU": "fall",
-           "first loss": None, "last loss": None}
+# the figures that --compare follows, by the function that reads each (not by its row's label, which may change),
+# and what a regression is: a rise or a fall (none for losses)
+TRACKED = {model_states: "rise", peak_memory: "rise", first_loss: None, last_loss: None, tokens_per_s: "fall",
+           mfu: "fall"}
+
+
+def tracked_rows():
+    """The COMPARISON rows of the TRACKED figures, each with what a regression is; a tracked figure without a row
+    stops here rather than drop out of --compare unseen."""
+    rows = {row[1]: row for row in COMPARISON}
+    return [(rows[figure], bad) for figure, bad in TRACKED.items()]
+
+
+def steps_trained(record):
+    """The steps a run was to train; logs from before steps_planned was recorded give the steps that ran."""
+    return record.get("steps_planned") or len(record["steps"])
+
+
+def settings(record):
+    """What two runs of one name must agree on to measure the same thing: SAME_IN_BOTH, the GPUs, and the steps,
+    which move the last loss and the steps that speed is timed over."""
+    return {**{key: record.get(key) for key in (*SAME_IN_BOTH, "gpus")}, "steps": steps_trained(record)}
+
+
+def compare_run(name, a, b, tolerance):
+    """One run in folders A and B: its table rows, and its regressions."""
+    rows, regressed = [], []
+    if status(a).startswith("ok") and not status(b).startswith("ok"):
+        regressed.append(f"{name} no longer finishes ({status(b)})")
+    differ = [key for key, value in settings(a[0]).items() if settings(b[0])[key] != value] if a and b else []
+    if differ:
+        regressed.append(f"{name} measured something else: it differs in {', '.join(differ)}")
+    for (label, get, spec, *_), bad in tracked_rows():
+        before, after = get(a), get(b)
+        if not before or after is None:
+            continue
+        moved = after / before - 1
+        worse = bad == "rise" and moved > tolerance / 100 or bad == "fall" and moved < -tolerance / 100
+        if worse:
+            regressed.append(f"{name} {label} {signed_pct(moved)}")
+        rows.append((name, label, fmt(before, spec), fmt(after, spec), signed_pct(moved),
+                     "REGRESSED" if worse else ""))
+    return rows, regressed
 
 
 def compare(a, b, tolerance):
     """Print what moved between two results folders, run by run; return 1 if memory or speed regressed
     by more than tolerance percent, a run of A is missing from B or no longer finishes, or a run measured
-    something else (another model, batch, dtype, number of ranks or GPUs), else 0."""
+    something else (another model, batch, dtype, number of ranks, GPUs or steps), else 0."""
     runs_a, runs_b = load_runs(a), load_runs(b)
     rows, regressed = [("run", "figure", "A", "B", "change", "")], []
     regressed += [f"{name} is missing from B" for name in runs_a if name not in runs_b]
     for name in [n for n in runs_a if n in runs_b]:
-        if status(runs_a[name]).startswith("ok") and not status(runs_b[name]).startswith("ok"):
-            regressed.append(f"{name} no longer finishes ({status(runs_b[name])})")
-        differ = [key for key in (*SAME_IN_BOTH, "gpus") if runs_a[name] and runs_b[name]
-                  and runs_a[name][0].get(key) != runs_b[name][0].get(key)]
-        if differ:
-            regressed.append(f"{name} measured something else: it differs in {', '.join(differ)}")
-        for figure, get, spec, *_ in (row for row in COMPARISON if row[0] in TRACKED):
-            bad = TRACKED[figure]
-            before, after = get(runs_a[name]), get(runs_b[name])
-            if not before or after is None:
-                continue
-            moved = after / before - 1
-            worse = bad == "rise" and moved > tolerance / 100 or bad == "fall" and moved < -tolerance / 100
-            if worse:
-                regressed.append(f"{name} {figure} {signed_pct(moved)}")
-            rows.append((name, figure, fmt(before, spec), fmt(after, spec), signed_pct(moved),
-                         "REGRESSED" if worse else ""))
+        run_rows, run_regressed = compare_run(name, runs_a[name], runs_b[name], tolerance)
+        rows, regressed = rows + run_rows, regressed + run_regressed
     print(format_table(rows))
     new = [name for name in runs_b if name not in runs_a]
     if new:
@@ -795,6 +861,8 @@ def main(argv=None):
     p.add_argument("folder", nargs="?", type=Path, help="a results folder of run.sh")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="two results folders, A before B")
     p.add_argument("--tolerance", type=float, default=5.0, help="percent a figure may worsen in --compare (default 5)")
+    p.add_argument("--write", action="store_true", help="write summary.json, summary.md and memory.png into the "
+                   "folder (run.sh does, into its own); without it, reading a folder changes nothing")
     args = p.parse_args(argv)
     for folder in args.compare or [args.folder]:
         if folder is None or not folder.is_dir() or not any(folder.glob("*.log")):
@@ -815,9 +883,8 @@ def main(argv=None):
         print(f"\nVERDICT: INTERRUPTED by {stopped_by}: " + "; ".join(progress_lines(runs)))
     else:
         print(f"\nVERDICT: {overall}")
-    verdict_at = time.time()
-    drawn = write_record(args.folder, runs, checks, overall, verdict_at)
-    print(f"results: {args.folder} (report.txt, summary.json, summary.md{', memory.png' if drawn else ''})")
+    written = write_record(args.folder, runs, checks, overall, time.time()) if args.write else []
+    print(results_line(args.folder, written))
     return 128 + SIGNALS[stopped_by] if stopped_by else EXIT[overall]
 
 

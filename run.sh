@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmark at stage 0, then stage 3, keeps each run's log under results/<timestamp>/, and prints
-# the progress, the comparison and the verdict; report.py also writes summary.json, summary.md and memory.png.
+# the progress, the comparison and the verdict; report.py --write also writes summary.json, summary.md and memory.png.
 # `bash run.sh --help` says how to use it. Exit status: 0 PASS, 1 FAIL, 2 bad input, 5 NOT OBSERVABLE, and
 # 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of what finished.
 set -uo pipefail
@@ -101,6 +101,7 @@ while IFS=$'\t' read -r kind n name argv; do
       launch "${launcher[@]}" "${train[@]}" ;;
   esac
 done <<< "$plan"
-RUN_COMMAND=$command RUN_STARTED=$started RUN_SIGNAL=$signal RUN_SKIPPED=$skipped python3 report.py "$out" | tee "$out/report.txt"
+RUN_COMMAND=$command RUN_STARTED=$started RUN_SIGNAL=$signal RUN_SKIPPED=$skipped python3 report.py --write "$out" \
+  | tee "$out/report.txt"
 status=${PIPESTATUS[0]}
 exit $((signal ? 128 + signal : status))

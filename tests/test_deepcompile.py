@@ -106,7 +106,7 @@ def with_deepcompile_run(folder, tmp_path, edit=lambda r: r):
 
 def test_the_report_says_what_deepcompile_cost_and_sets_it_against_fsdp2(fsdp2_peer, tmp_path, capsys):
     folder = with_deepcompile_run(fsdp2_peer.folder, tmp_path)
-    report.main([str(folder)])
+    report.main(["--write", str(folder)])
     out = capsys.readouterr().out
     assert (f"stage3_deepcompile: DeepCompile compiled, taking {COMPILE_S:.0f} s at step 1 and {COMPILE_S:.0f} s at "
             f"step {RECOMPILE}; its speed is timed from step {RECOMPILE + 1} on") in out

@@ -9,6 +9,9 @@ import pytest
 import report
 from conftest import ROOT, planted
 
+# a results folder in the repository, from a rehearsal of 4 ranks on one H200
+COMMITTED = ROOT / "benchmarks" / "h200" / "21-verdict" / "2-warm" / "results" / "20261201-111451-Hmzt"
+
 
 def test_run_sh_writes_summary_files_and_a_plot(run_sh):
     for name in ("summary.json", "summary.md", "memory.png"):
@@ -40,11 +43,45 @@ def test_summary_md_is_a_readable_report(run_sh):
 def test_without_matplotlib_the_plot_is_skipped_with_one_line(run_sh, tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(run_sh.folder, folder, ignore=shutil.ignore_patterns("memory.png"))
-    code = "import sys; sys.modules['matplotlib'] = None; import report; sys.exit(report.main([sys.argv[1]]))"
+    code = ("import sys; sys.modules['matplotlib'] = None; import report; "
+            "sys.exit(report.main(['--write', sys.argv[1]]))")
     proc = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "memory.png skipped: matplotlib is not installed" in proc.stdout
     assert (folder / "summary.json").exists() and not (folder / "memory.png").exists()
+
+
+def test_summary_md_counts_cpu_processes_not_gpus(run_sh):
+    text = (run_sh.folder / "summary.md").read_text()
+    assert "| device | CPU processes |" in text and "| processes | 2 |" in text
+    assert "gpus | 0" not in text
+
+
+def git_status(folder):
+    return subprocess.run(["git", "status", "--porcelain", "--", str(folder)], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_reading_a_committed_folder_changes_nothing_in_it(capsys):
+    assert git_status(COMMITTED) == "", "the test needs the committed folder as committed"
+    assert report.main([str(COMMITTED)]) == 0
+    assert git_status(COMMITTED) == ""
+    assert capsys.readouterr().out.splitlines()[-1] == f"results: {COMMITTED}"
+
+
+def test_write_puts_the_record_into_the_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RUN_COMMAND", raising=False)  # run.sh's, which would add its report.txt
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for log in COMMITTED.glob("*.log"):
+        shutil.copy(log, folder)
+    report.main([str(folder)])
+    assert sorted(p.name for p in folder.iterdir()) == ["stage0.log", "stage3.log"]
+    report.main(["--write", str(folder)])
+    assert capsys.readouterr().out.splitlines()[-1] == f"results: {folder} (summary.json, summary.md, memory.png)"
+    assert json.loads((folder / "summary.json").read_text())["verdict"] == "PASS"
+    assert "| gpus | 1 |" in (folder / "summary.md").read_text()  # one H200, which 4 ranks shared
+    assert (folder / "memory.png").stat().st_size > 0
 
 
 def scaled(folder, tmp_path, peak=1.0, speed=1.0):
@@ -69,6 +106,21 @@ def test_compare_flags_a_planted_slowdown_beyond_the_tolerance_only(run_sh, tmp_
     assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "5"]) == 1
     assert "stage3 tokens/s -10.0%" in capsys.readouterr().out
     assert report.main(["--compare", str(run_sh.folder), slower, "--tolerance", "15"]) == 0
+
+
+def test_compare_flags_runs_that_trained_another_number_of_steps(tmp_path, capsys):
+    def two_steps(r):
+        return {**r, "steps_planned": 2, "steps": r["steps"][:2], "losses": r["losses"][:2]}
+    assert report.main(["--compare", str(COMMITTED), str(planted(COMMITTED, tmp_path, "stage3", two_steps))]) == 1
+    assert "stage3 measured something else: it differs in steps" in capsys.readouterr().out
+    assert report.steps_trained({"steps": [{}, {}]}) == 2  # a log from before steps_planned
+
+
+def test_compare_tracks_a_figure_whatever_its_row_is_called(tmp_path, capsys, monkeypatch):
+    renamed = [("peak (renamed)", *row[1:]) if row[1] is report.peak_memory else row for row in report.COMPARISON]
+    monkeypatch.setattr(report, "COMPARISON", renamed)
+    assert report.main(["--compare", str(COMMITTED), str(scaled(COMMITTED, tmp_path, peak=1.2))]) == 1
+    assert "stage3 peak (renamed) +20.0%" in capsys.readouterr().out
 
 
 def test_long_phases_and_each_step_report_progress(run_sh):
@@ -105,7 +157,7 @@ def test_a_log_without_results_still_gives_a_record(run_sh, tmp_path, capsys):
     folder = tmp_path / "crashed"
     shutil.copytree(run_sh.folder, folder)
     (folder / "stage0.log").write_text("Segmentation fault\n")
-    assert report.main([str(folder)]) == 1
+    assert report.main(["--write", str(folder)]) == 1
     assert json.loads((folder / "summary.json").read_text())["verdict"] == "FAIL"
     assert "no result" in capsys.readouterr().out
 
@@ -115,5 +167,5 @@ def test_summary_json_stays_valid_json_when_the_loss_diverges(run_sh, tmp_path):
     shutil.copytree(run_sh.folder, folder)
     log = folder / "stage3.log"
     log.write_text(log.read_text().replace('"first_loss": ', '"first_loss": NaN, "was": '))
-    report.main([str(folder)])
+    report.main(["--write", str(folder)])
     json.loads((folder / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))
