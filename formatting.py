@@ -10,7 +10,7 @@ START = time.perf_counter()
 # them with 128 plus its number, as a shell does.
 EXIT = {"done": 0, "PASS": 0, "failed": 1, "FAIL": 1, "bad input": 2, "out of memory": 3, "diverged": 4,
         "NOT OBSERVABLE": 5}
-SIGNALS = {"SIGINT": 2, "SIGTERM": 15}
+SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGTERM": 15}
 
 
 def gib(nbytes):

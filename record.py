@@ -83,7 +83,7 @@ class Record:
     ready_s: float = None
     oom: bool = False
     error: str = None
-    interrupted_by: str = None  # the signal (SIGINT, SIGTERM) that ended the run, at the end of a step if training
+    interrupted_by: str = None  # the signal that ended the run (at the end of a step if training), or a peer's
     diverged: str = None  # why the loss ended the run: not finite, or past options.DIVERGED_FACTOR x the first
     timing: dict = None  # epoch seconds at which this rank started, finished its imports, ... (Measured.timing)
     # partitioning
@@ -281,10 +281,10 @@ def assemble(run, m, shape, loss_chunk, zero, memory_now):
 
 def exit_status(r):
     """The rank's exit status: 128 plus the signal that interrupted it, else as formatting.EXIT says."""
-    if r.interrupted_by:
-        return 128 + SIGNALS[r.interrupted_by]
-    if r.oom or r.error:
+    if r.oom or r.error and not r.error.startswith("Interrupted"):  # a failure, though a signal came after it
         return EXIT["out of memory" if r.oom else "failed"]
+    if r.interrupted_by:
+        return 128 + SIGNALS.get(r.interrupted_by, SIGNALS["SIGTERM"])
     return EXIT["diverged"] if r.diverged or r.nonfinite_loss else EXIT["done"]
 
 

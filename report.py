@@ -138,6 +138,8 @@ def status(records):
         return "no result"
     if oom(records):
         return "OOM"
+    if any(r["error"] and not r.get("interrupted_by") for r in records):
+        return "error"
     if first(records, "interrupted_by"):
         return f"interrupted by {first(records, 'interrupted_by')} after {len(records[0]['steps'])} step(s)"
     if failed(records):
@@ -330,6 +332,10 @@ def check_memory(dense, zero3):
                         + (f", with memory capped at {cap} GiB per rank" if cap else ""))
     if failed(dense):
         return "FAIL", f"stage 0 did not finish: {status(dense)}"
+    uncounted = [name for name, rs in (("stage 0", dense), ("stage 3", zero3)) if worst(rs, "model_state_bytes") is None]
+    if uncounted:
+        return "NOT OBSERVABLE", (f"{' and '.join(uncounted)} stopped before the last step, where the model states "
+                                  "are counted")
     world = zero3[0]["world_size"]
     s0, s3 = worst(dense, "model_state_bytes"), worst(zero3, "model_state_bytes")
     p0, p3 = worst(dense, "peak_mem_bytes"), worst(zero3, "peak_mem_bytes")
@@ -864,6 +870,10 @@ def main(argv=None):
     p.add_argument("--write", action="store_true", help="write summary.json, summary.md and memory.png into the "
                    "folder (run.sh does, into its own); without it, reading a folder changes nothing")
     args = p.parse_args(argv)
+    if args.folder and os.environ.get("RUN_SIGNAL") and not any(args.folder.glob("*.log")):
+        name = signal.Signals(int(os.environ["RUN_SIGNAL"])).name
+        print(f"VERDICT: INTERRUPTED by {name}: no run started\nresults: {args.folder}")
+        return 128 + int(os.environ["RUN_SIGNAL"])
     for folder in args.compare or [args.folder]:
         if folder is None or not folder.is_dir() or not any(folder.glob("*.log")):
             print(f"report.py: error: {folder} is not a results folder with logs", file=sys.stderr)
@@ -885,22 +895,24 @@ def main(argv=None):
         print(f"\nVERDICT: {overall}")
     written = write_record(args.folder, runs, checks, overall, time.time()) if args.write else []
     print(results_line(args.folder, written))
-    return 128 + SIGNALS[stopped_by] if stopped_by else EXIT[overall]
+    return 128 + SIGNALS.get(stopped_by, SIGNALS["SIGTERM"]) if stopped_by else EXIT[overall]
 
 
 def interruption(runs, deaths):
     """The signal that interrupted the run, as run.sh (RUN_SIGNAL, a number) or a rank tells it; else None. A
     rank that died is a failure, not an interruption, though the launcher then stops its peers with SIGTERM."""
     number = os.environ.get("RUN_SIGNAL")
-    if number:
-        return signal.Signals(int(number)).name
-    signalled = (r["interrupted_by"] for rs in runs.values() for r in rs if r.get("interrupted_by"))
-    return None if deaths else next(signalled, None)
+    if number or os.environ.get("RUN_COMMAND"):  # run.sh knows whether it was signalled
+        return signal.Signals(int(number)).name if number else None
+    records = [r for rs in runs.values() for r in rs]
+    if deaths or any(r["oom"] or r["error"] and not r.get("interrupted_by") for r in records):
+        return None
+    return next((r["interrupted_by"] for r in records if r.get("interrupted_by")), None)
 
 
 def progress_lines(runs):
     """How far each run got, and which runs never started (RUN_SKIPPED, from run.sh)."""
-    lines = [f"{name} {len(rs[0]['steps'])} of {rs[0]['steps_planned']} steps" if rs else f"{name} no result"
+    lines = [f"{name} {len(rs[0]['steps'])} of {rs[0].get('steps_planned', '?')} steps" if rs else f"{name} no result"
              for name, rs in runs.items()]
     skipped = os.environ.get("RUN_SKIPPED", "").split()
     return lines + ([f"not started: {' '.join(skipped)}"] if skipped else [])

@@ -60,16 +60,18 @@ plan=$(python3 launches.py "$ranks" "$stages" "$peer" "${args[@]}") || exit
 out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX") || bad "cannot make a folder in $results"
 echo "results: $out"
 signal="" pid="" skipped=""
+trap 'on_signal 1' HUP  # a closed terminal: the runs sit in sessions of their own, which it would not reach
 # Every process of a run carries ZERO3_BENCH_RUN in its environment, whatever session its launcher puts it in
 # (torchrun gives each rank a session of its own): so a signal reaches all of them, and none outlives its run.
 run_processes() { grep -lszxF "ZERO3_BENCH_RUN=$out" /proc/[0-9]*/environ | cut -d/ -f3; }
-on_signal() { signal=$1; run_processes | xargs -r kill -TERM 2> /dev/null; }
+on_signal() { signal=$1; { run_processes; echo "$pid"; } | xargs -r kill -TERM 2> /dev/null; }
 trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
 launch() {  # one run, its output in its log and its progress on the terminal; a signal ends it within 10 s
   echo "LAUNCHED $(date +%s.%N)" >> "$log"
   ZERO3_BENCH_RUN=$out setsid "$@" >> "$log" 2>&1 < /dev/null &
   pid=$!
+  [ -z "$signal" ] || kill -TERM "$pid"  # a signal that came as it started
   tail -s 0.2 -n +1 --pid="$pid" -f "$log" | grep --line-buffered -E '^([^ ]+: )?\[ *[0-9.]+s\] ' &
   wait "$pid"
   for _ in {1..40}; do [ -n "$signal" ] && [ -n "$(run_processes)" ] || break; sleep 0.2; done  # 8 s to stop
@@ -101,7 +103,10 @@ while IFS=$'\t' read -r kind n name argv; do
       launch "${launcher[@]}" "${train[@]}" ;;
   esac
 done <<< "$plan"
-RUN_COMMAND=$command RUN_STARTED=$started RUN_SIGNAL=$signal RUN_SKIPPED=$skipped python3 report.py --write "$out" \
-  | tee "$out/report.txt"
-status=${PIPESTATUS[0]}
-exit $((signal ? 128 + signal : status))
+interrupted=$signal  # a signal during the report stops nothing: every run has ended, and it is the result
+( trap '' HUP INT TERM
+  RUN_COMMAND=$command RUN_STARTED=$started RUN_SIGNAL=$interrupted RUN_SKIPPED=$skipped \
+    python3 report.py --write "$out" | tee "$out/report.txt"
+  exit "${PIPESTATUS[0]}" )
+status=$?
+exit $((interrupted ? 128 + interrupted : status))

@@ -291,13 +291,19 @@ class Stop:
     """Why training ends before its last step, agreed by every rank: a signal (SIGINT, SIGTERM) that any rank
     received, or a loss that diverged. A signal before training interrupts at once; during training, at the
     end of the step, once every rank knows (the flag travels with the loss); after it, nothing."""
-    phase, signal, reason = "starting", None, None
+    phase, signal, signalled, reason = "starting", None, False, None
 
     @classmethod
     def on_signal(cls, signum, frame):
         cls.signal = signum
         if cls.phase == "starting":
+            cls.phase = "done"  # a second signal must not interrupt the report of the first
             raise Interrupted(f"interrupted by {signal.Signals(signum).name} before training")
+
+    @classmethod
+    def interrupted_by(cls, signalled):
+        """The signal's name; a rank that a peer's flag stopped did not see which."""
+        return signal.Signals(cls.signal).name if cls.signal else "a peer's signal" if signalled else None
 
 
 class Interrupted(Exception):
@@ -363,7 +369,8 @@ def train(engine, args, device, rank, facts, m):
             m.trained_checksum = measure.weights_checksum(engine.module, rank, device)
         tflops = m.flops_per_token * tokens_per_step / elapsed / facts["gpus"] / 1e12
         log(rank, record.step_line(s, args.steps, tokens_per_step, tflops, m.peak_tflops))
-        Stop.reason = (f"interrupted by {signal.Signals(Stop.signal or signal.SIGTERM).name}" if signalled
+        Stop.signalled = signalled
+        Stop.reason = (f"interrupted by {Stop.interrupted_by(True)}" if signalled
                        else diverged(s["loss"], m.steps[0]["loss"]))
         if Stop.reason:
             log(rank, f"stopped after step {step} of {args.steps}: {Stop.reason}")
@@ -450,8 +457,8 @@ def main(argv=None):
             traceback.print_exc()
         failure = {"oom": oom, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
     Stop.phase = "done"
-    failure["interrupted_by"] = Stop.signal and signal.Signals(Stop.signal).name
-    if Stop.reason and not Stop.signal:
+    failure["interrupted_by"] = Stop.interrupted_by(Stop.signalled)
+    if Stop.reason and not Stop.signalled:
         failure["diverged"] = Stop.reason
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     r = record.assemble({**facts, **failure}, m, PRESETS[args.model], LOSS_CHUNK, config.get("zero_optimization", {}),

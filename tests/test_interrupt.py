@@ -84,3 +84,30 @@ def test_each_environment_builds_its_ops_in_a_cache_of_its_own(monkeypatch):
     monkeypatch.setattr(sys, "prefix", "/some/other/venv")
     machine.keep_extensions_apart()
     assert os.environ["TORCH_EXTENSIONS_DIR"] != mine and "venv-torch" in os.environ["TORCH_EXTENSIONS_DIR"]
+
+
+def stopped_early(r):
+    """A record as a rank leaves it when a signal stopped it after step 2 of 3: no census of its model states."""
+    uncounted = ("model_state_breakdown", "model_state_bytes", "predicted_model_state_bytes", "host_state_breakdown")
+    return {**r, **dict.fromkeys(uncounted), "steps": r["steps"][:2], "losses": r["losses"][:2],
+            "interrupted_by": "SIGTERM"}
+
+
+def test_a_stage_3_stopped_after_stage_0_finished_is_reported_as_interrupted(run_sh, tmp_path, capsys):
+    import report
+    from conftest import planted
+    assert report.main([str(planted(run_sh.folder, tmp_path, "stage3", stopped_early))]) == 143
+    out = capsys.readouterr().out
+    assert "VERDICT: INTERRUPTED by SIGTERM: stage0 3 of 3 steps; stage3 2 of 3 steps" in out
+    assert "NOT OBSERVABLE  (b)" in out and "stage 3 stopped before the last step" in out
+
+
+def test_peers_stopped_by_the_launcher_after_a_rank_failed_are_a_failure_not_an_interruption(run_sh, tmp_path,
+                                                                                              capsys):
+    import report
+    from conftest import planted
+
+    def one_rank_out_of_memory(r):
+        return {**stopped_early(r), "oom": r["rank"] == 0, "error": "CUDA out of memory" if r["rank"] == 0 else None}
+    assert report.main([str(planted(run_sh.folder, tmp_path, "stage3", one_rank_out_of_memory))]) == 1
+    assert "VERDICT: FAIL" in capsys.readouterr().out
