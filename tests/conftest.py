@@ -325,6 +325,11 @@ def run_processes(results, variable="ZERO3_BENCH_RUN"):
     return alive
 
 
+def default_signals():
+    """As at a terminal: a test run in the background inherits SIGINT ignored, which run.sh could then not trap."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_sh_signalled(tmp_path_factory, name, act, *args):
     """`bash run.sh --steps 3000 ARGS` in a session of its own, and act(run_sh's Popen, results) once its rank 0
     has logged step 5; then the exit status, the seconds from act to run.sh's end, the output, the folder, the
@@ -334,7 +339,7 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
     with open(out, "w") as sink:
         proc = subprocess.Popen(["bash", "run.sh", "--steps", "3000", *args], cwd=ROOT, stdout=sink,
                                 stderr=subprocess.STDOUT, env={**os.environ, "RESULTS": str(results)},
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 600
         while "step 5/3000" not in out.read_text():
