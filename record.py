@@ -44,6 +44,7 @@ class Measured:
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
     link_busbw: float = None  # bytes per second, an all-gather alone (accounting.comms.link_alone)
+    deepcompile_active: bool = None  # compat.deepcompile_active: None where DeepSpeed cannot say
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Record:
     launcher: str
     mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
+    deepcompile_active: bool = None  # whether DeepSpeed says DeepCompile compiled the run; None where it cannot say
     gpus: int = None
     ranks_per_node: int = None
     ranks_per_gpu: int = None
@@ -259,7 +261,7 @@ def assemble(run, m, shape, loss_chunk, zero, memory_now):
     config's zero_optimization section; memory_now the memory snapshot at the end."""
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
                gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
-               link_busbw=m.link_busbw,
+               link_busbw=m.link_busbw, deepcompile_active=m.deepcompile_active,
                **(m.shards or {}))
     snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
     for key in PEAK_KEYS:

@@ -43,9 +43,13 @@ if [ -n "${HOSTFILE:-}" ]; then
     "$HOSTFILE")  # the ranks that the hostfile's slots give, for train_gpt.py's check
   [ "$ranks" -gt 0 ] || bad "HOSTFILE $HOSTFILE names no host with slots=N"
 fi
-read -r gpus port < <(python3 -c 'import socket, torch; s = socket.socket(); s.bind(("", 0))
-print(torch.cuda.device_count() or 2, s.getsockname()[1])') || exit 1
+read -r gpus port fsdp2_missing < <(python3 -c 'import socket, torch, fsdp2; s = socket.socket(); s.bind(("", 0))
+print(torch.cuda.device_count() or 2, s.getsockname()[1], fsdp2.missing() or "")') || exit 1
 ranks=${ranks:-$gpus}
+if [ -n "$peer" ] && [ -n "$fsdp2_missing" ]; then  # the rest of the run goes on without its peer
+  echo "run.sh: --peer fsdp2 skipped: $fsdp2_missing"
+  peer=""
+fi
 [ -z "$peer" ] || stages+=" $peer"  # the peer runs last, on stage 3's config
 config_of() {
   case $1 in
