@@ -31,7 +31,8 @@ def profiler_options():
 
 
 def has_engine_compile():
-    return hasattr(DeepSpeedEngine, "compile")  # DeepSpeed 0.14.4
+    # DeepSpeed 0.14.4's own: the engine also inherits torch.nn.Module.compile, which is not DeepSpeed's
+    return "compile" in vars(DeepSpeedEngine)
 
 
 def has_deepcompile():
