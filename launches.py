@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+import fsdp2
 import machine
 import options
 import train_gpt
@@ -95,6 +96,9 @@ def plan(ranks, stages, peer, argv):
         if not counts:
             n, note = rehearsal(argv)
             counts, notes = [n], [note]
+    if peer and fsdp2.missing():  # the rest of the run goes on without its peer
+        notes.append(f"--peer {peer} skipped: {fsdp2.missing()}")
+        peer = ""
     names = [*stages.split(), *([peer] if peer else [])]
     runs = [(n, ("" if name == peer else "stage") + name + ("" if len(counts) == 1 else f"_{n}ranks"),
              [*config_args(name), *argv]) for n in counts for name in names]

@@ -17,6 +17,7 @@ from pathlib import Path
 import deepspeed
 import torch
 
+import compat
 from options import BadInput
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -129,7 +130,7 @@ def out_of_memory(e):
     """A GPU's out-of-memory (from PyTorch's allocator, or a CUDA call such as a pinned host buffer's), or a
     CPU allocation refused (as under --max-mem-gib)."""
     text = str(e)
-    return (isinstance(e, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower()
+    return (isinstance(e, (compat.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower()
             or "DefaultCPUAllocator: can't allocate memory" in text)
 
 

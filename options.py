@@ -253,7 +253,7 @@ def resolve(args, config, preset, world, host):
     args.dtype, dtype_source = precision(config, args, host["on_gpu"], host["bf16_ok"], where)
     section = optimizer(config, where, host["known_optimizer"])
     if args.engine == "fsdp2":
-        fsdp2_can_run(config, args, section, where)
+        fsdp2_can_run(config, args, section, where, host)
     deepcompile(config, args, host["on_gpu"], where)
     config_lr = field(config, "optimizer.params.lr", (int, float), None, where)
     if config_lr is not None and config_lr <= 0:
@@ -303,8 +303,10 @@ def deepcompile(config, args, on_gpu, where):
     args.compile = True
 
 
-def fsdp2_can_run(config, args, section, where):
+def fsdp2_can_run(config, args, section, where, host):
     """FSDP2 stands beside ZeRO-3 as it runs on the device: torch's AdamW, bf16 or fp32, no offload."""
+    if host["fsdp2_missing"]:
+        raise BadInput(f"--engine fsdp2: {host['fsdp2_missing']}")
     if args.stage != 3:
         raise BadInput(f"--engine fsdp2 is ZeRO-3's peer and reads a stage-3 config, not stage {args.stage}")
     found = {"an optimizer section": section, "offload": any(offload_devices(config).values()),

@@ -46,6 +46,7 @@ class Measured:
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
     link_busbw: float = None  # bytes per second, an all-gather alone (accounting.comms.link_alone)
     timing: dict = field(default_factory=dict)  # epoch seconds: started, imported, engine_ready, trained, probed
+    deepcompile_active: bool = None  # compat.deepcompile_active: None where DeepSpeed cannot say
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Record:
     steps_planned: int  # --steps; fewer ran where a signal or a diverged loss stopped the run
     mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
+    deepcompile_active: bool = None  # whether DeepSpeed says DeepCompile compiled the run; None where it cannot say
     gpus: int = None
     ranks_per_node: int = None
     ranks_per_gpu: int = None
@@ -264,7 +266,8 @@ def assemble(run, m, shape, loss_chunk, zero, memory_now):
     r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
                trained_checksum=m.trained_checksum,
                gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
-               link_busbw=m.link_busbw, timing=m.timing, **(m.shards or {}))
+               link_busbw=m.link_busbw, timing=m.timing, deepcompile_active=m.deepcompile_active,
+               **(m.shards or {}))
     snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
     for key in PEAK_KEYS:
         seen = [s[key] for s in snapshots if s.get(key) is not None]

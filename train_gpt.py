@@ -30,6 +30,7 @@ import torch.utils.checkpoint
 from deepspeed import comm as dist
 from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
+import compat
 import config_checks
 import fsdp2
 import machine
@@ -196,7 +197,8 @@ def resolve(args):
     on_gpu = torch.cuda.is_available()
     args.model = args.model or ("1.3b" if on_gpu else "tiny")
     shape = PRESETS[args.model]
-    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": known_optimizer}
+    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": known_optimizer,
+            "fsdp2_missing": fsdp2.missing()}
     world = args.check or int(os.environ["WORLD_SIZE"])
     config, where = options.read_config(args.config), f" {args.config}"
     config_checks.refuse_unknown_keys(config, where)
@@ -249,10 +251,11 @@ def decay_groups(model):
             {"params": [p for p, m in matrix.items() if not m], "weight_decay": 0.0}]
 
 
-def adamw(model, lr):
+def adamw(model, lr, fused):
     """AdamW as in GPT-3. torch's fused kernel needs no JIT build: DeepSpeed's FusedAdam took 42 s to build on
-    an H200, held 4.9 GiB more at stage 0 and was 7% faster at micro batch 2 (benchmarks/h200/1-first-look)."""
-    return torch.optim.AdamW(decay_groups(model), lr=lr, betas=(0.9, 0.95), fused=True)
+    an H200, held 4.9 GiB more at stage 0 and was 7% faster at micro batch 2 (benchmarks/h200/1-first-look).
+    Where this torch has no fused kernel for the device (compat.fused_adamw), its default kernel steps."""
+    return torch.optim.AdamW(decay_groups(model), lr=lr, betas=(0.9, 0.95), fused=fused)
 
 
 def forget_priming_step(optimizer):
@@ -268,11 +271,12 @@ def build_engine(model, args, config):
     """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW; or FSDP2."""
     if args.engine == "fsdp2":
         model = fsdp2.shard(model, DTYPES[args.dtype], args.compile)
-        return fsdp2.Engine(model, adamw(model, learning_rate(0, args)), config.get("gradient_clipping", 0))
-    optimizer = None if "optimizer" in config else adamw(model, learning_rate(0, args))
+        return fsdp2.Engine(model, adamw(model, learning_rate(0, args), args.fused_adamw),
+                            config.get("gradient_clipping", 0))
+    optimizer = None if "optimizer" in config else adamw(model, learning_rate(0, args), args.fused_adamw)
     # ZeRO-3 gathers a whole block at once, not each Linear: 1.3x faster on one H200 at micro batch 2, for one
     # block (~100 MB) in flight. DeepCompile gathers in its own graph, which a leaf module's hooks would break.
-    if args.stage == 3 and not args.deepcompile:
+    if args.stage == 3 and not args.deepcompile and args.leaf_modules:  # else compat.degrade said why not
         deepspeed.utils.set_z3_leaf_modules(model, [Block])
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=decay_groups(model),
                                       config=config)
@@ -411,6 +415,7 @@ def build_and_train(args, config, facts, m, device):
     with phase(rank, "starting the DeepSpeed engine"):
         engine = build_engine(model, args, config)
     m.optimizer, m.ready_s = measure.optimizer_name(engine), time.perf_counter() - START
+    m.deepcompile_active = compat.deepcompile_active(engine) if args.deepcompile else False
     m.memory_at_start = measure.memory_snapshot(device)
     log(rank, f"ready to train; optimizer {m.optimizer}")
     m.shards = measure.shard_report(engine.module, facts["world_size"])
@@ -440,6 +445,8 @@ def main(argv=None):
     machine.keep_extensions_apart()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log(rank, how)
+    for line in compat.degrade(args, config, torch.device("cuda" if torch.cuda.is_available() else "cpu")):
+        log(rank, line)
     args.offload = options.offload_devices(config)
     facts = {"rank": rank, "world_size": world, "config": str(args.config), "launcher": launcher,
              "steps_planned": args.steps,
@@ -467,7 +474,7 @@ def main(argv=None):
         record.emit([record.as_dict(r)])
     else:
         everyone = [None] * world
-        dist.all_gather_object(everyone, record.as_dict(r))
+        torch.distributed.all_gather_object(everyone, record.as_dict(r))  # deepspeed.comm has it from 0.17.0 on
         if rank == 0:
             record.emit(everyone)
             print(rank_table(everyone), flush=True)

@@ -13,6 +13,7 @@ import time
 import torch
 import torch.distributed
 
+import compat
 from accounting import predict
 
 # torch.distributed's collectives by the kind of collective they are, and the argument that holds their size;
@@ -93,7 +94,7 @@ def profiler(device):
     if device.type != "cuda":
         return None
     return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                              torch.profiler.ProfilerActivity.CUDA], acc_events=True)
+                                              torch.profiler.ProfilerActivity.CUDA], **compat.profiler_options())
 
 
 def kernel_seconds(prof):
@@ -135,7 +136,7 @@ def link_alone(device, facts, nbytes=1 << 28, repeats=5):
             torch.distributed.all_gather_into_tensor(gathered, mine)
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - start) / repeats
-    except torch.OutOfMemoryError:
+    except compat.OutOfMemoryError:
         return None
     finally:
         gathered = mine = None

@@ -12,10 +12,16 @@ import torch
 from deepspeed import comm as dist
 from deepspeed.runtime.zero.utils import is_zero_param
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Shard
 
 from accounting import predict
+
+try:  # FSDP2's: torch.distributed.tensor is public from torch 2.5, FSDPModule from 2.6
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor, Shard
+except ImportError:  # a torch without them runs no FSDP2: no module or tensor is one of these
+    class Absent:
+        pass
+    FSDPModule = DTensor = Shard = Absent
 
 
 def local(t):

@@ -1,0 +1,74 @@
+"""
+What the installed PyTorch and DeepSpeed can do, asked of them (not of their version strings, where a feature
+can be asked for), so that one benchmark runs on every tested pair (requirements-oldest.txt to
+requirements.txt). A feature that the stack lacks is skipped with one line that says which version brings it;
+each entry says when it can go. FSDP2's own check is fsdp2.missing(), which needs torch alone.
+"""
+import inspect
+
+import deepspeed
+import torch
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+# torch.OutOfMemoryError from torch 2.5; before it, torch.cuda's (the same class since)
+OutOfMemoryError = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
+def fused_adamw(device):
+    """Whether torch's fused AdamW steps tensors on this device: CUDA's from torch 2.0, a CPU's from 2.4. Its
+    constructor refuses a device that it cannot step."""
+    try:
+        torch.optim.AdamW([torch.zeros(1, device=device, requires_grad=True)], fused=True)
+    except RuntimeError:
+        return False
+    return True
+
+
+def profiler_options():
+    """torch.profiler keeps the events of a profile that has no schedule when asked with acc_events, from
+    torch 2.4 on; before it, it kept them without being asked."""
+    return {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
+
+
+def has_engine_compile():
+    # DeepSpeed 0.14.4's own: the engine also inherits torch.nn.Module.compile, which is not DeepSpeed's
+    return "compile" in vars(DeepSpeedEngine)
+
+
+def has_deepcompile():
+    return hasattr(DeepSpeedEngine, "is_deepcompile_enabled")  # DeepSpeed 0.16.6
+
+
+def has_leaf_modules():
+    return hasattr(deepspeed.utils, "set_z3_leaf_modules")  # DeepSpeed 0.13.0
+
+
+def deepcompile_active(engine):
+    """Whether DeepCompile compiled this engine, as DeepSpeed 0.18.0 on says; None where DeepSpeed cannot say.
+    The config alone does not tell: on 0.16.6 to 0.18.3 DeepSpeed's check of the torch version quietly turns it
+    off for torch 2.7.1 and for builds named like 2.7.0+cu126."""
+    ask = getattr(engine, "is_deepcompile_active", None)
+    return bool(ask()) if callable(ask) else None
+
+
+def degrade(args, config, device):
+    """Skip what this stack cannot do, each with one line that says so; returns the lines. Changes args (compile,
+    deepcompile, fused_adamw, leaf_modules) and the config's compile section to what the run will do."""
+    lines = []
+    stack = f"this is DeepSpeed {deepspeed.__version__} with torch {torch.__version__}"
+    if args.deepcompile and not has_deepcompile():
+        args.deepcompile = False
+        config["compile"] = {k: v for k, v in config["compile"].items() if k != "deepcompile"}
+        lines.append(f"DeepCompile skipped: it needs DeepSpeed >= 0.16.6; {stack}")
+    if args.compile and args.engine == "deepspeed" and not has_engine_compile():
+        args.compile = False
+        lines.append(f"--compile skipped: DeepSpeed's engine.compile() needs DeepSpeed >= 0.14.4; {stack}")
+    args.fused_adamw = fused_adamw(device)
+    if not args.fused_adamw and "optimizer" not in config:
+        lines.append(f"torch's AdamW steps unfused: its fused kernel runs on {device.type} from torch "
+                     f"{'2.4' if device.type == 'cpu' else '2.0'}; {stack}")
+    args.leaf_modules = has_leaf_modules()
+    if args.stage == 3 and args.engine == "deepspeed" and not args.deepcompile and not args.leaf_modules:
+        lines.append("ZeRO-3 gathers each Linear, not each block: deepspeed.utils.set_z3_leaf_modules needs "
+                     f"DeepSpeed >= 0.13.0; {stack}")
+    return lines

@@ -1,0 +1,70 @@
+"""Features that an older stack lacks are skipped in one line, never a crash: each is taken away here from the
+newest stack, where all are there."""
+import sys
+from types import SimpleNamespace
+
+import torch
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+import compat
+import fsdp2
+from conftest import assert_refused
+
+
+def run_args(**settings):
+    return SimpleNamespace(**{"stage": 3, "engine": "deepspeed", "compile": False, "deepcompile": False, **settings})
+
+
+def test_the_newest_stack_has_every_feature():
+    assert fsdp2.missing() is None
+    assert compat.has_engine_compile() and compat.has_deepcompile() and compat.has_leaf_modules()
+    assert compat.profiler_options() == {"acc_events": True}
+    assert compat.fused_adamw(torch.device("cpu"))
+    assert compat.degrade(run_args(), {}, torch.device("cpu")) == []
+
+
+def test_a_torch_without_fully_shard_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.distributed.fsdp", None)  # its import now fails
+    assert "FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6" in fsdp2.missing()
+
+
+def test_fsdp2_on_a_torch_without_it_is_refused_in_one_line(check, monkeypatch):
+    monkeypatch.setattr(fsdp2, "missing", lambda: "FSDP2 (torch.distributed.fsdp.fully_shard) needs torch >= 2.6")
+    assert_refused(check("--engine", "fsdp2"), "--engine fsdp2: FSDP2", "needs torch >= 2.6")
+
+
+def test_compile_without_engine_compile_is_skipped_in_one_line(monkeypatch):
+    monkeypatch.delattr(DeepSpeedEngine, "compile")
+    args = run_args(compile=True)
+    [line] = compat.degrade(args, {}, torch.device("cpu"))
+    assert not args.compile
+    assert line.startswith("--compile skipped: DeepSpeed's engine.compile() needs DeepSpeed >= 0.14.4; this is ")
+
+
+def test_deepcompile_without_deepcompile_is_skipped_in_one_line(monkeypatch):
+    monkeypatch.delattr(DeepSpeedEngine, "is_deepcompile_enabled")
+    args, config = run_args(compile=True, deepcompile=True), {"compile": {"deepcompile": True, "other": 1}}
+    [line] = compat.degrade(args, config, torch.device("cpu"))
+    assert line.startswith("DeepCompile skipped: it needs DeepSpeed >= 0.16.6")
+    assert not args.deepcompile and args.compile and config["compile"] == {"other": 1}
+
+
+def test_unfused_adamw_and_whole_linears_are_said_in_one_line_each(monkeypatch):
+    monkeypatch.setattr(compat, "fused_adamw", lambda device: False)
+    monkeypatch.delattr("deepspeed.utils.set_z3_leaf_modules")
+    args = run_args()
+    unfused, leaves = compat.degrade(args, {}, torch.device("cpu"))
+    assert not args.fused_adamw and not args.leaf_modules
+    assert unfused.startswith("torch's AdamW steps unfused: its fused kernel runs on cpu from torch 2.4")
+    assert leaves.startswith("ZeRO-3 gathers each Linear, not each block: deepspeed.utils.set_z3_leaf_modules needs")
+
+
+def test_a_profiler_without_acc_events_is_asked_without_it(monkeypatch):
+    monkeypatch.setattr(torch.profiler, "profile", lambda activities=None, record_shapes=False: None)
+    assert compat.profiler_options() == {}
+
+
+def test_deepcompile_active_is_what_deepspeed_says_or_unknown():
+    assert compat.deepcompile_active(SimpleNamespace(is_deepcompile_active=lambda: True)) is True
+    assert compat.deepcompile_active(SimpleNamespace(is_deepcompile_active=lambda: False)) is False
+    assert compat.deepcompile_active(SimpleNamespace()) is None  # DeepSpeed before 0.18.0 cannot say
