@@ -253,7 +253,7 @@ def decay_groups(model):
 
 def adamw(model, lr, fused):
     """AdamW as in GPT-3. torch's fused kernel needs no JIT build: DeepSpeed's FusedAdam took 42 s to build on
-    an H200, held 4.9 GiB more at stage 0 and was 7% faster at micro batch 2 (benchmarks/h200/1-first-look).
+    an H200, held 4.9 GiB more at stage 0 and was 7% faster at micro batch 2 (benchmarks/logs/h200/1-first-look).
     Where this torch has no fused kernel for the device (compat.fused_adamw), its default kernel steps."""
     return torch.optim.AdamW(decay_groups(model), lr=lr, betas=(0.9, 0.95), fused=fused)
 

@@ -194,7 +194,7 @@ def collectives(stage, engine, width, params, root):
     """One rank's collectives in a step, as (kind, phase, bytes) in nccl-tests' sizes: an all-gather's output,
     a reduce-scatter's input, an all-reduce's buffer. FSDP2 keeps its root module (root elements: embeddings,
     final norm) gathered from forward into backward: it gathered 3.84 of 4 bytes per parameter at 1.3b on 2
-    H200s, DeepSpeed's stage 3 4.08 (benchmarks/h200x2/13-fsdp2)."""
+    H200s, DeepSpeed's stage 3 4.08 (benchmarks/logs/h200x2/13-fsdp2)."""
     kept = root if engine == "fsdp2" else 0
     return [(kind, phase, width * (params - kept if (kind, phase) == ("all_gather", "backward") else params))
             for kind, phase in COLLECTIVES[stage]]

@@ -20,7 +20,7 @@ class GPTConfig:
     @property
     def padded_vocab(self):
         # a multiple of 64 rows: the output layer's matmul with 50257 rows ran 5.6x slower on an H200 than with
-        # 50304 (benchmarks/h200/1-first-look/env.txt); the extra rows are tokens that never occur
+        # 50304 (benchmarks/logs/h200/1-first-look/env.txt); the extra rows are tokens that never occur
         return predict.padded(self.vocab)
 
     @property

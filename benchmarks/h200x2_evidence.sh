@@ -3,7 +3,7 @@
 # the 2 GPUs (2 and 4 ranks a GPU), fp32 on 2 GPUs, and the original design's config as it is (fp16,
 # DeepSpeed's AdamW, train_batch_size 8).
 #   bash benchmarks/h200x2_evidence.sh OUT_DIR 1|2|recipe
-# (recipe made benchmarks/h200x2/8-recipe-2gpus, when the default was a 2-step warm-up to 1e-5.)
+# (recipe made benchmarks/logs/h200x2/8-recipe-2gpus, when the default was a 2-step warm-up to 1e-5.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1

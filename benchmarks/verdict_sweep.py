@@ -1,7 +1,7 @@
-"""The seed sweep behind verdict (c) on the H200 (benchmarks/h200/21-verdict): one row per run of stages 0 and 3,
+"""The seed sweep behind verdict (c) on the H200 (benchmarks/logs/h200/21-verdict): one row per run of stages 0 and 3,
 with the losses on the first batch, how far the stages are apart, and the verdict's (c).
 
-    python3 benchmarks/verdict_sweep.py benchmarks/h200/21-verdict"""
+    python3 benchmarks/verdict_sweep.py benchmarks/logs/h200/21-verdict"""
 import sys
 from pathlib import Path
 

@@ -183,7 +183,7 @@ def fsdp2_peer(tmp_path_factory):
 @pytest.fixture(scope="session")
 def memory_cap(tmp_path_factory):
     """`bash run.sh --model small --max-mem-gib 1.75 --stages "0 3"`: a 101M-parameter model that, under the
-    cap, only stage 3 can train on 2 CPU ranks (it needs 1.35-1.5 GiB, stage 0 2.0-2.1: benchmarks/cpu-cap).
+    cap, only stage 3 can train on 2 CPU ranks (it needs 1.35-1.5 GiB, stage 0 2.0-2.1: benchmarks/logs/cpu-cap).
     run.sh's own option comes last, after train_gpt.py's. Skipped where PyTorch's CPU kernels lack AVX-512: there
     bf16 matmuls fall to its reference kernel, and one step of this model took 262 s instead of about 4 s."""
     import torch

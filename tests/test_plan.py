@@ -120,7 +120,7 @@ def test_a_pass_hides_its_collectives_but_one_layers_share_and_those_after_backw
 def counted_bytes(summary, run):
     """Bytes per kind of collective of a run's last step, as rank 0 counted them, but for the loss's all-reduce
     of a few bytes."""
-    record = json.loads((ROOT / "benchmarks" / summary / "summary.json").read_text())["results"][run][0]
+    record = json.loads((ROOT / "benchmarks" / "logs" / summary / "summary.json").read_text())["results"][run][0]
     return {kind: c["bytes"] for kind, c in record["steps"][-1]["comm"].items() if c["bytes"] > 2**20}, record
 
 
@@ -186,7 +186,7 @@ def test_the_smallest_fitting_gpu_count_is_the_first_on_which_the_peak_fits(caps
 
 
 def test_from_takes_the_machine_from_a_results_folder_and_given_flags_win(capsys):
-    folder = ROOT / "benchmarks/h200x2/13-fsdp2/9-final4/r/20261130-182358-caAY"
+    folder = ROOT / "benchmarks/logs/h200x2/13-fsdp2/9-final4/r/20261130-182358-caAY"
     p = planned(capsys, "--from", folder, "--peak-tflops", 900)
     i = p["inputs"]
     assert i["gpu_mem_gib"] == pytest.approx(150109880320 / GIB) and i["device"] == "NVIDIA H200"

@@ -10,7 +10,7 @@ import report
 from conftest import ROOT, planted
 
 # a results folder in the repository, from a rehearsal of 4 ranks on one H200
-COMMITTED = ROOT / "benchmarks" / "h200" / "21-verdict" / "2-warm" / "results" / "20261201-111451-Hmzt"
+COMMITTED = ROOT / "benchmarks" / "logs" / "h200" / "21-verdict" / "2-warm" / "results" / "20261201-111451-Hmzt"
 
 
 def test_run_sh_writes_summary_files_and_a_plot(run_sh):
