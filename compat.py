@@ -5,10 +5,14 @@ requirements.txt). A feature that the stack lacks is skipped with one line that 
 each entry says when it can go. FSDP2's own check is fsdp2.missing(), which needs torch alone.
 """
 import inspect
+import json
+from dataclasses import replace
 
 import deepspeed
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
+
+from stages import shards_params
 
 # torch.OutOfMemoryError from torch 2.5; before it, torch.cuda's (the same class since)
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
@@ -51,24 +55,33 @@ def deepcompile_active(engine):
     return bool(ask()) if callable(ask) else None
 
 
-def degrade(args, config, device):
-    """Skip what this stack cannot do, each with one line that says so; returns the lines. Changes args (compile,
-    deepcompile, fused_adamw, leaf_modules) and the config's compile section to what the run will do."""
-    lines = []
-    stack = f"this is DeepSpeed {deepspeed.__version__} with torch {torch.__version__}"
-    if args.deepcompile and not has_deepcompile():
-        args.deepcompile = False
-        config["compile"] = {k: v for k, v in config["compile"].items() if k != "deepcompile"}
+def zero_config(engine):
+    """The zero_optimization section as DeepSpeed read it, its defaults filled in and named as in a config file;
+    None for FSDP2, or where DeepSpeed keeps it elsewhere. Pydantic 2 dumps it with model_dump, 1 with dict."""
+    section = getattr(getattr(engine, "_config", None), "zero_config", None)
+    if section is None:
+        return None
+    dump = getattr(section, "model_dump", None) or section.dict
+    return json.loads(json.dumps(dump(by_alias=True), default=str))
+
+
+def degrade(run, config, device):
+    """Skip what this stack cannot do, each with one line that says so. Returns the run and the config as they
+    will train (compile, deepcompile, fused_adamw and leaf_modules, and the config's compile section), and the
+    lines."""
+    lines, stack = [], f"this is DeepSpeed {deepspeed.__version__} with torch {torch.__version__}"
+    if run.deepcompile and not has_deepcompile():
+        run = replace(run, deepcompile=False)
+        config = {**config, "compile": {k: v for k, v in config["compile"].items() if k != "deepcompile"}}
         lines.append(f"DeepCompile skipped: it needs DeepSpeed >= 0.16.6; {stack}")
-    if args.compile and args.engine == "deepspeed" and not has_engine_compile():
-        args.compile = False
+    if run.compile and run.engine == "deepspeed" and not has_engine_compile():
+        run = replace(run, compile=False)
         lines.append(f"--compile skipped: DeepSpeed's engine.compile() needs DeepSpeed >= 0.14.4; {stack}")
-    args.fused_adamw = fused_adamw(device)
-    if not args.fused_adamw and "optimizer" not in config:
+    run = replace(run, fused_adamw=fused_adamw(device), leaf_modules=has_leaf_modules())
+    if not run.fused_adamw and "optimizer" not in config:
         lines.append(f"torch's AdamW steps unfused: its fused kernel runs on {device.type} from torch "
                      f"{'2.4' if device.type == 'cpu' else '2.0'}; {stack}")
-    args.leaf_modules = has_leaf_modules()
-    if args.stage == 3 and args.engine == "deepspeed" and not args.deepcompile and not args.leaf_modules:
+    if shards_params(run.stage) and run.engine == "deepspeed" and not run.deepcompile and not run.leaf_modules:
         lines.append("ZeRO-3 gathers each Linear, not each block: deepspeed.utils.set_z3_leaf_modules needs "
                      f"DeepSpeed >= 0.13.0; {stack}")
-    return lines
+    return run, config, lines

@@ -53,7 +53,7 @@ def format_table(rows):
 def other_bytes(records, breakdown="model_state_breakdown"):
     """The most any rank holds in tensors that are not model states, on the device or (host_state_breakdown)
     in host memory."""
-    return max((r[breakdown]["other"] for r in records if r.get(breakdown)), default=None)
+    return max((getattr(r, breakdown)["other"] for r in records if getattr(r, breakdown)), default=None)
 
 
 def rank_table(records):
@@ -61,12 +61,12 @@ def rank_table(records):
     rows = [("rank", "partitioned/total", "local elems", "model states", "predicted", "diff", "other tensors",
              "peak", "status")]
     for r in records:
-        measured, predicted = r.get("model_state_bytes"), r.get("predicted_model_state_bytes")
-        rows.append((r["rank"], f"{fmt(r.get('partitioned_tensors'), 'd')}/{fmt(r.get('param_tensors'), 'd')}",
-                     fmt(r.get("local_param_elems"), ","), fmt(measured or None, "bytes"),
+        measured, predicted = r.model_state_bytes, r.predicted_model_state_bytes
+        rows.append((r.rank, f"{fmt(r.partitioned_tensors, 'd')}/{fmt(r.param_tensors, 'd')}",
+                     fmt(r.local_param_elems, ","), fmt(measured or None, "bytes"),
                      fmt(predicted or None, "bytes"), fmt(relative_error(measured, predicted), "+.1%"),
-                     fmt(other_bytes([r]), "bytes"), fmt(r["peak_mem_bytes"] or None, "bytes"),
-                     "OOM" if r["oom"] else "error" if r["error"] else "ok"))
+                     fmt(other_bytes([r]), "bytes"), fmt(r.peak_mem_bytes or None, "bytes"),
+                     "OOM" if r.oom else "error" if r.error else "ok"))
     return format_table(rows)
 
 

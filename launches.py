@@ -22,6 +22,7 @@ import torch
 import fsdp2
 import machine
 import options
+import stages
 import train_gpt
 from accounting import predict
 from accounting.shapes import LOSS_CHUNK
@@ -39,49 +40,49 @@ def bad(msg):
 
 
 def config_args(stage):
-    """train_gpt.py's arguments that choose a stage's config: stage N is ds_config_stageN.json."""
+    """train_gpt.py's arguments that choose a stage's config (stages.config_path)."""
     if stage == "fsdp2":
-        return ["--stage", "3", "--engine", "fsdp2"]
-    if not (HERE / f"ds_config_stage{stage}.json").is_file():
-        names = sorted(p.name[len("ds_config_stage"):-len(".json")] for p in HERE.glob("ds_config_stage*.json"))
-        bad(f"no config for stage '{stage}'; there are: {' '.join(names)}")
-    return ["--stage", stage] if stage.isdigit() else ["--config", f"ds_config_stage{stage}.json"]
+        return ["--stage", str(stages.ZERO3), "--engine", "fsdp2"]
+    if not stages.config_path(stage).is_file():
+        bad(f"no config for stage '{stage}'; there are: {' '.join(stages.config_names())}")
+    return ["--stage", stage] if stage.isdigit() else ["--config", stages.config_path(stage).name]
 
 
 def checked(argv, ranks):
-    """train_gpt.py's arguments, resolved for this many ranks; bad input ends here, as in train_gpt.py."""
+    """train_gpt.py's run (options.Run) and config, resolved for this many ranks; bad input ends here, as in
+    train_gpt.py."""
     try:
         args = options.parse_args([*argv, "--check", str(ranks)], train_gpt.PRESETS, HERE)
-        config, _ = train_gpt.resolve(args)
+        config, run, _, _ = train_gpt.resolve(args)
     except options.BadInput as e:
         options.fail(str(e))
-    return args, config
+    return run, config
 
 
-def stage3_peak(args, config, ranks):
+def stage3_peak(run, config, ranks):
     """The predicted peak of one stage-3 rank of ranks: its share of the model states, the parameters gathered
     ahead, the larger of the activations and the step's fp32 gradients, and the CUDA context."""
-    shape, zero = train_gpt.PRESETS[args.model], config.get("zero_optimization", {})
+    shape, zero = train_gpt.PRESETS[run.model], config.get("zero_optimization", {})
     params = shape.params
     shard = math.ceil(params / ranks)
-    states = sum(predict.model_states(3, args.dtype, params, shard).values())
-    activations = predict.activation_bytes(shape, args.dtype, args.micro_batch, args.seq, args.checkpoint, True,
+    states = sum(predict.model_states(3, run.dtype, params, shard).values())
+    activations = predict.activation_bytes(shape, run.dtype, run.micro_batch, run.seq, run.checkpoint, True,
                                            LOSS_CHUNK)
     sub_group = predict.sub_group_elems(zero, shape.padded_vocab * shape.d_model, ranks)
-    transient = predict.step_transient_bytes(3, args.dtype, shard, False, sub_group=sub_group)
-    prefetch = predict.WIDTH[args.dtype] * predict.zero_setting(zero, "stage3_prefetch_bucket_size")
+    transient = predict.step_transient_bytes(3, run.dtype, shard, False, sub_group=sub_group)
+    prefetch = predict.WIDTH[run.dtype] * predict.zero_setting(zero, "stage3_prefetch_bucket_size")
     return predict.peak_bytes(states, 0, prefetch, activations, transient) + CONTEXT_BYTES
 
 
 def rehearsal(argv):
     """On one GPU: the most ranks, up to REHEARSED_RANKS, whose stage-3 peaks fit its memory together."""
-    args, config = checked([*config_args("3"), *argv], REHEARSED_RANKS)
+    run, config = checked([*config_args(str(stages.ZERO3)), *argv], REHEARSED_RANKS)
     memory = torch.cuda.get_device_properties(0).total_memory
-    fits = [n for n in range(REHEARSED_RANKS, 1, -1) if n * stage3_peak(args, config, n) <= memory]
+    fits = [n for n in range(REHEARSED_RANKS, 1, -1) if n * stage3_peak(run, config, n) <= memory]
     n = fits[0] if fits else 1
     why = "" if n == REHEARSED_RANKS else (
-        f", not {REHEARSED_RANKS}: {REHEARSED_RANKS} stage-3 ranks of the {args.model} model would need about "
-        f"{REHEARSED_RANKS * stage3_peak(args, config, REHEARSED_RANKS) / 2**30:.0f} GiB of its "
+        f", not {REHEARSED_RANKS}: {REHEARSED_RANKS} stage-3 ranks of the {run.model} model would need about "
+        f"{REHEARSED_RANKS * stage3_peak(run, config, REHEARSED_RANKS) / 2**30:.0f} GiB of its "
         f"{memory / 2**30:.0f} GiB")
     return n, (f"one GPU: {n} ranks rehearse on it over gloo{why}, so that stage 3 has something to shard across; "
                "each rank's memory is real, its speed is not (--ranks 1 runs one rank)")

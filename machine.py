@@ -11,6 +11,7 @@ import resource
 import socket
 import subprocess
 import sys
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -80,6 +81,45 @@ def adopt_launcher_env(env=os.environ):
     env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
     env.setdefault("MASTER_PORT", str(free_port()))
     return "one process"
+
+
+def prepare_process():
+    """What a training process needs before DeepSpeed starts its work, each with its reason."""
+    normalise_cuda_arch_list()
+    keep_extensions_apart()
+    # DeepSpeed (0.14 to 0.19.8 at least) calls torch.distributed functions that torch 2.4 on deprecates: the
+    # warnings say nothing that a user can act on
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
+
+
+def use_gpu(index):
+    """Put this process on GPU index. DeepSpeed's zero.Init and engine place their tensors on LOCAL_RANK, not
+    on the current device: with more ranks than GPUs (a rehearsal) LOCAL_RANK must name the GPU, not the rank."""
+    device = torch.device("cuda", index)
+    torch.cuda.set_device(device)
+    os.environ["LOCAL_RANK"] = str(index)
+    return device
+
+
+def forget_priming_step(optimizer):
+    """Without ZeRO (stage 0), DeepSpeed's 16-bit optimizers create Adam's state with one step on zero
+    gradients, which Adam counts: the first real update took a second step's bias correction (0.73 of its
+    size), unlike stages 1 to 3 (DeepSpeed 0.19.8 still primes). Built at rate 0, that step moved no weight;
+    its state is dropped so that Adam starts afresh."""
+    optimizer.state.clear()
+    for group in optimizer.param_groups:
+        group.pop("step", None)  # DeepSpeed's FusedAdam counts per group
+
+
+def leave(world, status):
+    """End the process with status, without the interpreter's teardown: after ZeRO-3 on gloo (seen with DeepSpeed
+    0.19.8 and torch 2.14.1) it sometimes aborts ("terminate called without an active exception") after all the work
+    is done. A failed rank's peers may be blocked in a collective; the launcher ends them when it sees the
+    failure's exit status."""
+    release_shared_memory(world)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def normalise_cuda_arch_list():

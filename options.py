@@ -9,13 +9,15 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 
+import stages
 from formatting import EXIT
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")
-STAGES = (0, 1, 2, 3)
+STAGES = tuple(stages.PARTITIONS)
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
 RUN_SH_OPTIONS = ("--ranks", "--stages", "--peer")  # run.sh's own; it passes every other option on to train_gpt.py
 SUGGEST_CUTOFF = 0.8  # how alike a mistyped option and a suggestion must be: difflib's 0.6 offers --seed for --peer
@@ -26,6 +28,32 @@ DEEPCOMPILE_RECOMPILE_STEP = 6
 SAME_ROWS_STEPS = 3
 # A loss above this multiple of the first step's has diverged: the run stops there, as for a loss that is not finite.
 DIVERGED_FACTOR = 10
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one run trains and how, resolved once from the command line, the config and the machine
+    (train_gpt.resolve); every rank's RESULT begins with these fields (result.RankResult)."""
+    stage: int
+    engine: str  # "deepspeed", or "fsdp2": PyTorch's fully_shard as ZeRO-3's peer
+    model: str
+    config: str
+    dtype: str
+    micro_batch: int
+    seq: int
+    steps_planned: int  # --steps; fewer run where a signal or a diverged loss stops the run
+    lr: float
+    warmup: int
+    seed: int
+    checkpoint: bool
+    compile: bool
+    deepcompile: bool  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
+    max_mem_gib: float
+    timeout_s: float
+    offload: dict = dataclass_field(default_factory=dict)  # offload_devices(config)
+    data: str = None  # --data, or None for Python's own sources
+    fused_adamw: bool = None  # whether torch's fused AdamW steps on this device (compat.degrade)
+    leaf_modules: bool = None  # whether ZeRO-3 gathers a whole block at once (compat.degrade)
 
 
 class BadInput(Exception):
@@ -70,8 +98,8 @@ def seed(text):
 def parse_args(argv, presets, here):
     p = argparse.ArgumentParser(prog="train_gpt.py", description="DeepSpeed ZeRO benchmark on a GPT-style model.")
     p.add_argument("--stage", type=int, choices=STAGES,
-                   help="ZeRO stage; loads ds_config_stage<N>.json beside this script (default 3)")
-    p.add_argument("--config", type=Path, help="a DeepSpeed config file instead of ds_config_stage<N>.json")
+                   help=f"ZeRO stage; loads {stages.CONFIG_NAME.format('<N>')} beside this script (default {stages.ZERO3})")
+    p.add_argument("--config", type=Path, help=f"a DeepSpeed config file instead of {stages.CONFIG_NAME.format('<N>')}")
     p.add_argument("--model", choices=presets, help="model preset (default 1.3b on GPUs, tiny without)")
     p.add_argument("--micro-batch", type=at_least(1),
                    help="rows per rank per step (default: the config's, or its train_batch_size over the ranks, or 2)")
@@ -104,7 +132,7 @@ def parse_args(argv, presets, here):
     args, unknown = p.parse_known_args(argv)
     if unknown:
         p.error(f"unrecognized arguments: {' '.join(unknown)}{nearest_option(unknown, option_names(p))}")
-    args.config = args.config or here / f"ds_config_stage{3 if args.stage is None else args.stage}.json"
+    args.config = args.config or here / stages.CONFIG_NAME.format(stages.ZERO3 if args.stage is None else args.stage)
     return args
 
 
@@ -239,10 +267,12 @@ def optimizer(config, where, known):
     return section
 
 
-def resolve(args, config, preset, world, host):
+def resolve(args, config, model, preset, world, host):
     """Fill in what depends on the config, the machine and the number of ranks, and check every input.
-    preset: the model's (context, default lr); host: on_gpu, bf16_ok and known_optimizer.
-    Returns the config to hand to DeepSpeed and one line that says how the inputs were read."""
+    model: the preset's name, preset: its (context, default lr); host: on_gpu, bf16_ok and known_optimizer.
+    Returns the config to hand to DeepSpeed, the run (Run) and one line that says how the inputs were read.
+    The settings are worked out on a copy of args, which stays as the user gave it."""
+    args = argparse.Namespace(**{**vars(args), "model": model})
     where = f" {args.config}"
     args.stage = config_stage(config, args, where)
     context, default_lr = preset
@@ -268,21 +298,31 @@ def resolve(args, config, preset, world, host):
     if section and not scheduler:
         # the training loop sets each step's rate; at step 0, where DeepSpeed builds the optimizer, it is 0
         config["optimizer"] = {**section, "params": {**section.get("params", {}), "lr": 0.0}}
-    rate = ("set by the config's scheduler" if scheduler else f"{args.lr:g} (from {lr_source}; "
+    line = how_read(args, world, section, scheduler, {"dtype": dtype_source, "batch": batch_source, "lr": lr_source})
+    run = Run(**{name: getattr(args, name) for name in ("stage", "engine", "model", "dtype", "micro_batch", "seq", "lr",
+                                                        "warmup", "seed", "checkpoint", "compile", "deepcompile",
+                                                        "max_mem_gib", "timeout_s")},
+              config=str(args.config), steps_planned=args.steps, offload=offload_devices(config),
+              data=args.data and str(args.data))
+    return config, run, line
+
+
+def how_read(args, world, section, scheduler, sources):
+    """One line that says how the inputs were read, and where each setting came from."""
+    rate = ("set by the config's scheduler" if scheduler else f"{args.lr:g} (from {sources['lr']}; "
             + (f"warm-up over {args.warmup} steps)" if args.warmup else "constant)"))
     engine = "FSDP2 as " if args.engine == "fsdp2" else ""
     compiled = ", DeepCompile (from the config)" if args.deepcompile else ", compiled" if args.compile else ""
-    line = (f"{engine}stage {args.stage}, {args.dtype} (from {dtype_source}), micro batch {args.micro_batch} per rank "
-            f"(from {batch_source}) x {world} rank(s), lr {rate}, optimizer "
+    return (f"{engine}stage {args.stage}, {args.dtype} (from {sources['dtype']}), micro batch {args.micro_batch} per "
+            f"rank (from {sources['batch']}) x {world} rank(s), lr {rate}, optimizer "
             f"{section['type'] + ' (DeepSpeed builds it)' if section else 'torch AdamW'}{compiled}, "
             f"config {args.config}")
-    return config, line
 
 
 def first_timed_step(deepcompile, stage):
     """Step 1 pays for allocations, kernel selection and ZeRO-3's first trace. DeepCompile at stage 3 compiles at
     step 1 and again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps."""
-    return DEEPCOMPILE_RECOMPILE_STEP + 1 if deepcompile and stage == 3 else 2
+    return DEEPCOMPILE_RECOMPILE_STEP + 1 if deepcompile and stages.shards_params(stage) else 2
 
 
 def deepcompile(config, args, on_gpu, where):
@@ -293,10 +333,10 @@ def deepcompile(config, args, on_gpu, where):
         return
     if not on_gpu:
         raise BadInput(f"config{where} turns DeepCompile on, which needs GPUs: DeepSpeed builds its ops against CUDA")
-    if args.stage == 0:  # DeepSpeed would fall back to plain torch.compile without a word
+    if stages.shards_nothing(args.stage):  # DeepSpeed would fall back to plain torch.compile without a word
         raise BadInput(f"config{where} turns DeepCompile on at stage 0; DeepCompile compiles ZeRO stages 1 to 3")
     timed_from = first_timed_step(args.deepcompile, args.stage)
-    if args.stage == 3 and args.steps <= timed_from:
+    if stages.shards_params(args.stage) and args.steps <= timed_from:
         raise BadInput(f"config{where} turns DeepCompile on, which compiles at step 1 and again at step "
                        f"{DEEPCOMPILE_RECOMPILE_STEP}: give --steps {timed_from + 1} or more, to time a step "
                        f"after that besides the profiled last one (--steps is {args.steps})")

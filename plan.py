@@ -17,6 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import stages
 from accounting import predict
 from accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
 from formatting import EXIT, format_table, gib
@@ -39,8 +40,7 @@ ASSUMED = {
     "host_gbs": (50.0, "PCIe 5.0 x16: 64 GB/s each way, about 0.8 of it achieved (offload's copies only)"),
 }
 # What each setup is: a ZeRO stage and the engine that runs it.
-SETUPS = {"0": (0, "deepspeed"), "1": (1, "deepspeed"), "2": (2, "deepspeed"), "3": (3, "deepspeed"),
-          "fsdp2": (3, "fsdp2")}
+SETUPS = {**{str(stage): (stage, "deepspeed") for stage in stages.PARTITIONS}, "fsdp2": (stages.ZERO3, "fsdp2")}
 MODES = ("overlapped", "serial")
 INPUTS = ("micro_batch", "seq", "checkpoint", "gpus", "gpus_per_node", "offload", "stages", "device", *ASSUMED)
 SHAPE_FLAGS = ("layers", "d_model", "heads", "vocab")
@@ -66,7 +66,7 @@ class Model:
 def offloads(setup, args):
     """DeepSpeed offloads the optimizer at ZeRO stages 1 to 3 only; FSDP2's CPU offload is not planned."""
     stage, engine = SETUPS[setup]
-    return bool(args.offload) and engine == "deepspeed" and stage > 0
+    return bool(args.offload) and engine == "deepspeed" and not stages.shards_nothing(stage)
 
 
 def memory(setup, model, args, world, zero):
@@ -80,7 +80,7 @@ def memory(setup, model, args, world, zero):
     device = sum(v for k, v in states.items() if k not in on_host)
     activations = predict.activation_bytes(model.shape, DTYPE, args.micro_batch, args.seq, args.checkpoint, True,
                                            LOSS_CHUNK) if model.shape else 0
-    sub_group = predict.sub_group_elems(zero, model.embedding, world) if stage == 3 else None
+    sub_group = predict.sub_group_elems(zero, model.embedding, world) if stages.shards_params(stage) else None
     transient = predict.step_transient_bytes(stage, DTYPE, shard, offloaded, engine, sub_group)
     gathered = predict.gathered_bytes(stage, engine, WIDTH, model.block, model.embedding, model.root,
                                       predict.zero_setting(zero, "stage3_prefetch_bucket_size"))
@@ -129,7 +129,7 @@ def smallest_fitting(setup, model, args, zero):
 def zero_section(setup):
     """The zero_optimization section of this project's config for the setup's stage (its sub-group and
     prefetch sizes), or DeepSpeed's defaults where there is none."""
-    path = HERE / f"ds_config_stage{SETUPS[setup][0]}.json"
+    path = stages.config_path(SETUPS[setup][0])
     return json.loads(path.read_text()).get("zero_optimization", {}) if path.exists() else {}
 
 

@@ -28,7 +28,7 @@ SIZED_BY = {"all_gather_into_tensor": ("all_gather", "output_tensor"),
             "reduce_scatter": ("reduce_scatter", "input_list"),
             "all_reduce": ("all_reduce", "tensor"),
             "all_reduce_coalesced": ("all_reduce", "tensors")}
-KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 # NCCL's kernels are named for their collective: ncclDevKernel_AllGather_RING_LL, ...
 KERNELS = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_reduce": "AllReduce"}
 
@@ -49,7 +49,7 @@ class Counter:
     def take(self):
         """What was counted since the last take, and start again."""
         taken = getattr(self, "counts", None)
-        self.counts = {kind: {"bytes": 0, "elems": 0, "calls": 0} for kind in KINDS}
+        self.counts = {kind: {"bytes": 0, "elems": 0, "calls": 0} for kind in COLLECTIVES}
         return taken
 
 
@@ -99,7 +99,7 @@ def profiler(device):
 
 def kernel_seconds(prof):
     """Seconds that NCCL's kernels of each kind ran in a profiled step; None for a kind that none ran."""
-    totals = dict.fromkeys(KINDS, 0.0)
+    totals = dict.fromkeys(COLLECTIVES, 0.0)
     for event in prof.key_averages():
         for kind, word in KERNELS.items():
             if event.key.startswith("nccl") and word in event.key:
@@ -118,12 +118,12 @@ def step(device, profiled):
     found.update(comm=COUNTER.take(), comm_s=kernel_seconds(prof) if prof else None)
 
 
-def link_alone(device, facts, nbytes=1 << 28, repeats=5):
+def link_alone(device, r, nbytes=1 << 28, repeats=5):
     """The bus bandwidth of an all-gather of nbytes with nothing else running, as nccl-tests measures it, in
     bytes per second: about what the link gives collectives of this size. None without NCCL between GPUs,
     under a memory cap, or where its 1.5 x nbytes do not fit; its memory is left out of the run's peak."""
     world = torch.distributed.get_world_size()
-    if device.type != "cuda" or facts["rehearsal"] or facts["max_mem_gib"] or world < 2:
+    if device.type != "cuda" or r.rehearsal or r.max_mem_gib or world < 2:
         return None
     elems = nbytes // 2 // world * world  # bf16, in equal shards
     try:

@@ -2,6 +2,7 @@
 Where one rank's measured memory departs from theory by more than EXPLAIN_BEYOND, in words.
 """
 from formatting import size
+from stages import shards_params
 
 EXPLAIN_BEYOND = 0.10
 
@@ -16,26 +17,26 @@ CAUSES = {
 def estimator_gap(r):
     """Why DeepSpeed's estimate of the device's model states departs from the measurement: what its formulas
     add. Without GPUs, offload's device and host are one memory: no gap."""
-    estimate = r["deepspeed_estimate"]
-    if not estimate or (r["mem_kind"] != "cuda" and any(r["offload"].values())):
+    estimate = r.deepspeed_estimate
+    if not estimate or (r.mem_kind != "cuda" and any(r.offload.values())):
         return []
-    if abs(r["model_state_bytes"] / estimate["device"] - 1) <= EXPLAIN_BEYOND:
+    if abs(r.model_state_bytes / estimate["device"] - 1) <= EXPLAIN_BEYOND:
         return []
     adds = []
-    if not r["offload"]["optimizer"]:
-        paper = 16 if r["stage"] == 3 else 14
-        why = "" if r["stage"] == 3 else (": fp32 gradients, by its own comment, which exist here only in the "
+    if not r.offload["optimizer"]:
+        paper = 16 if shards_params(r.stage) else 14
+        why = "" if shards_params(r.stage) else (": fp32 gradients, by its own comment, which exist here only in the "
                                           "optimizer step (the peak estimate has them)")
         adds.append(f"{18 - paper} bytes per partition element (18 where the paper counts {paper}){why}")
-    if r["stage"] == 3:
-        adds.append(f"4 bytes per element of the largest layer ({r['largest_param_elems']:,} elements)")
-    return [f"DeepSpeed's estimator: {size(estimate['device'])} against {size(r['model_state_bytes'])} "
+    if shards_params(r.stage):
+        adds.append(f"4 bytes per element of the largest layer ({r.largest_param_elems:,} elements)")
+    return [f"DeepSpeed's estimator: {size(estimate['device'])} against {size(r.model_state_bytes)} "
             f"measured: " + ("it adds " + " and ".join(adds) if adds else "no known cause")]
 
 
 def state_gaps(r, held):
     """The kinds of model state that make a difference of more than EXPLAIN_BEYOND from the paper."""
-    predicted = r["predicted_breakdown"]
+    predicted = r.predicted_breakdown
     total = sum(predicted.values())
     if abs(sum(held.values()) / total - 1) <= EXPLAIN_BEYOND:
         return []
@@ -44,18 +45,18 @@ def state_gaps(r, held):
         diff = held[kind] - predicted[kind]
         if abs(diff) > 0.02 * total:
             cause = next((c for (k, sign, stages), c in CAUSES.items()
-                          if k == kind and sign * diff > 0 and r["stage"] in stages), "no known cause")
+                          if k == kind and sign * diff > 0 and r.stage in stages), "no known cause")
             found.append(f"model states: {kind} {'+' if diff > 0 else '-'}{size(abs(diff))}: {cause}")
     return found
 
 
 def peak_gap(r):
-    if r["mem_kind"] != "cuda" or abs(r["peak_mem_bytes"] / r["predicted_peak_bytes"] - 1) <= EXPLAIN_BEYOND:
+    if r.mem_kind != "cuda" or abs(r.peak_mem_bytes / r.predicted_peak_bytes - 1) <= EXPLAIN_BEYOND:
         return []
-    return [f"peak: {size(r['peak_mem_bytes'])} measured against {size(r['predicted_peak_bytes'])} estimated from "
-            f"model states, other tensors {size(r['model_state_breakdown']['other'])}, parameters gathered ahead, and "
-            f"the larger of activations {size(r['activation_estimate_bytes'])} and the step's fp32 gradients "
-            f"{size(r['step_transient_bytes'])}"]
+    return [f"peak: {size(r.peak_mem_bytes)} measured against {size(r.predicted_peak_bytes)} estimated from "
+            f"model states, other tensors {size(r.model_state_breakdown['other'])}, parameters gathered ahead, and "
+            f"the larger of activations {size(r.activation_estimate_bytes)} and the step's fp32 gradients "
+            f"{size(r.step_transient_bytes)}"]
 
 
 def differences(r, held):

@@ -5,10 +5,8 @@ counts, with no torch and no deepspeed, so that it is tested against the paper's
 """
 import math
 
-# What each ZeRO stage partitions over the ranks; everything else stays whole on every rank. Every check,
-# prediction and explanation reads this table.
-PARTITIONS = {0: frozenset(), 1: frozenset({"optimizer"}), 2: frozenset({"optimizer", "grads"}),
-              3: frozenset({"optimizer", "grads", "params"})}
+from stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
+
 # The kinds of model state, and the kinds of state a stage partitions them as.
 KINDS = ("params", "grads", "master", "moments")
 PARTITIONED_AS = {"params": "params", "grads": "grads", "master": "optimizer", "moments": "optimizer"}
@@ -32,18 +30,18 @@ def model_states(stage, dtype, full, shard, persistent=0, engine="deepspeed"):
     16 bytes per element, as 4 + 4 + 0 + 8."""
     width = WIDTH[dtype]
     per_element = {"params": width, "grads": width, "moments": ADAM_BYTES,
-                   "master": MASTER_BYTES if width < 4 or stage > 0 else 0}
+                   "master": MASTER_BYTES if width < 4 or not shards_nothing(stage) else 0}
     if engine == "fsdp2":
         per_element.update(params=MASTER_BYTES, grads=MASTER_BYTES, master=0)
     held = {kind: shard if partitioned(stage, kind) else full for kind in KINDS}
-    held["params"] += persistent if stage == 3 else 0
+    held["params"] += persistent if shards_params(stage) else 0
     return {kind: per_element[kind] * held[kind] for kind in KINDS}
 
 
 def shard_elems(stage, total, local, world):
     """This rank's partition: its own shards at stage 3 (counted, with padding), 1/G of the one flat buffer
     that stages 1 and 2 split, every element at stage 0."""
-    return local if stage == 3 else total / world if stage else total
+    return local if shards_params(stage) else total / world if splits_one_buffer(stage) else total
 
 
 def host_kinds(offload):
@@ -59,9 +57,9 @@ def deepspeed_estimate(stage, total, largest, ranks_per_node, nodes, offload):
     It counts 18 bytes per partition element (2 + 2 + 4 fp32 gradients + 4 + 8) and, at stage 3, 4 bytes per
     element of the largest layer. It has none for stage 0."""
     gpus, buffer = ranks_per_node * nodes, 1.5
-    if stage == 0:
+    if shards_nothing(stage):
         return None
-    if stage < 3:
+    if not shards_params(stage):
         if offload["optimizer"]:
             return {"device": 2 * total, "host_per_node": int(total * max(4 * gpus, 16) * buffer)}
         return {"device": 2 * total + int(18 * total / gpus), "host_per_node": int(total * 4 * ranks_per_node * buffer)}
@@ -103,7 +101,7 @@ def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deeps
     """The fp32 gradients that the optimizer step makes, on the device unless the optimizer runs on the host:
     from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32, and FSDP2,
     step on the gradients themselves. Stage 3 makes them one sub-group of at most sub_group elements at a time."""
-    steps_on_grads = engine == "fsdp2" or (stage == 0 and WIDTH[dtype] == 4)
+    steps_on_grads = engine == "fsdp2" or (shards_nothing(stage) and WIDTH[dtype] == 4)
     return 0 if optimizer_offloaded or steps_on_grads else MASTER_BYTES * min(shard, sub_group or shard)
 
 
@@ -119,7 +117,7 @@ def gathered_bytes(stage, engine, width, block, embedding, root, prefetch):
     computes (a whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket
     ahead of it; FSDP2 its root module (embeddings, final norm), which it keeps from forward into backward, the
     block it computes and the next one, prefetched. None at stages 0 to 2, which keep the weights whole."""
-    if stage < 3:
+    if not shards_params(stage):
         return 0
     return width * (root + 2 * block if engine == "fsdp2" else max(block, embedding) + prefetch)
 
@@ -138,7 +136,7 @@ def holds_as_promised(held, promised, stage, straddling, tolerance):
     """Each group that the stage partitions is held at its promised share, and no group above it, give or
     take tolerance; at stages 1 and 2 DeepSpeed also keeps whole the gradients of the (at most two)
     tensors that straddle this rank's partition boundaries: a share of `straddling`."""
-    slack = {group: tolerance * promised[group] + (straddling if group == "grads" and stage in (1, 2) else 0)
+    slack = {group: tolerance * promised[group] + (straddling if group == "grads" and splits_one_buffer(stage) else 0)
              for group in held}
     return all(held[g] <= promised[g] + slack[g] and (g not in PARTITIONS[stage] or held[g] >= promised[g] - slack[g])
                for g in held)
@@ -148,7 +146,7 @@ def comm_volume(stage, world):
     """The ZeRO paper's communication per step and rank (section 7), in units of the parameters: an all-reduce
     of the gradients (a reduce-scatter and an all-gather) moves 2 at stages 0 to 2; stage 3 all-gathers the
     parameters in forward and again in backward, and reduce-scatters the gradients: 3. FSDP2 does as stage 3."""
-    return 0 if world == 1 else 3 if stage == 3 else 2
+    return 0 if world == 1 else 3 if shards_params(stage) else 2
 
 
 def volume(counts, params):

@@ -106,16 +106,16 @@ def summary(steps):
 build_engine, train = train_gpt.build_engine, train_gpt.train
 
 
-def watched_engine(model, args, config):
-    engine = build_engine(model, args, config)
-    (watch_fsdp2 if args.engine == "fsdp2" else watch_zero3)()
+def watched_engine(model, run, config):
+    engine = build_engine(model, run, config)
+    (watch_fsdp2 if run.engine == "fsdp2" else watch_zero3)()
     watch(engine)
     return engine
 
 
-def watched_train(engine, args, *rest):
+def watched_train(engine, run, *rest):
     try:
-        train(engine, args, *rest)
+        train(engine, run, *rest)
     finally:
         OUT.mkdir(parents=True, exist_ok=True)
         with open(OUT / f"{TAG}_rank{RANK}.csv", "w", newline="") as f:
@@ -123,7 +123,7 @@ def watched_train(engine, args, *rest):
             writer.writeheader()
             writer.writerows(rows)
         if RANK == "0":
-            text = summary(args.steps)
+            text = summary(run.steps_planned)
             (OUT / f"{TAG}_summary.txt").write_text(text + "\n")
             print(text, flush=True)
 

@@ -1,25 +1,21 @@
 """
-Logs written before record.py timed a DeepCompile run from the step after its second compile (issue 13),
-timed as record.py times them now: rank 0's RESULT, rebuilt as a record.Record, with DeepCompile's timing where
+Logs written before result.py timed a DeepCompile run from the step after its second compile, timed as
+result.py times them now: rank 0's result, read as a result.RankResult, with DeepCompile's timing where
 the log's config turns it on. Prints each log's step time, tokens/s and peak, and its speed against the first log.
   python3 benchmarks/retime.py REFERENCE_LOG LOG ...
 """
 import json
 import sys
-from dataclasses import fields
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import record  # noqa: E402
-import report  # noqa: E402
-
-FIELDS = {f.name for f in fields(record.Record)}
+from reporting.reading import read_results  # noqa: E402
 
 
 def retimed(log):
-    r = report.read_results(log)[0]
-    deepcompile = "deepcompile" in Path(r["config"]).name  # the logs predate the field
-    return record.Record(**{**{k: v for k, v in r.items() if k in FIELDS}, "deepcompile": deepcompile})
+    r = read_results(log)[0]
+    return replace(r, deepcompile="deepcompile" in Path(r.config).name)  # the logs predate the field
 
 
 def main(logs):

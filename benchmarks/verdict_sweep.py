@@ -6,22 +6,21 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import report  # noqa: E402
 from formatting import format_table  # noqa: E402
+from reporting import reading, verdict  # noqa: E402
 
 
 def row(folder):
-    runs = report.load_runs(folder)
+    runs = reading.load_runs(folder)
     dense, zero3 = runs.get("stage0"), runs.get("stage3")
     if not dense or not zero3:
         return None
-    status, _ = report.check_loss(dense, zero3)
+    status, _ = verdict.loss(dense, zero3)
     a, b = dense[0], zero3[0]
-    apart = abs(a["trained_checksum"] - b["trained_checksum"]) / abs(a["trained_checksum"]) \
-        if not report.failed(dense) and not report.failed(zero3) else None
-    losses = " -> ".join(f"{x:.3f}" for x in a["losses"] or [])
-    return (a["seed"], a["world_size"], losses or report.status(dense), status,
-            f"{report.largest_gap(a['losses'], b['losses']):.1e}" if apart is not None else "-",
+    apart = verdict.weights_apart(a, b) if not reading.failed(dense) and not reading.failed(zero3) else None
+    losses = " -> ".join(f"{x:.3f}" for x in a.losses or [])
+    return (a.seed, a.world_size, losses or reading.status(dense), status,
+            f"{verdict.largest_gap(a.losses, b.losses):.1e}" if apart is not None else "-",
             f"{apart:.1e}" if apart is not None else "-", folder)
 
 

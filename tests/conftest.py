@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import report  # noqa: E402
+import result  # noqa: E402
+from reporting import reading  # noqa: E402
 from machine import free_port  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def run_sh_once(tmp_path_factory, name, *args):
     proc = run(["bash", "run.sh", *args], env={"RESULTS": str(results)})
     folders = list(results.iterdir())
     assert len(folders) == 1, proc.stdout + proc.stderr
-    return SimpleNamespace(proc=proc, folder=folders[0], runs=report.load_runs(folders[0]))
+    return SimpleNamespace(proc=proc, folder=folders[0], runs=json_runs(folders[0]))
 
 
 # the variables a launcher sets: with them, machine.adopt_launcher_env leaves the process environment alone
@@ -91,13 +92,44 @@ def facts(stage, world=4, offload=None, mem_kind="cuda"):
                 mem_kind=mem_kind, gpus=world, ranks_per_node=world)
 
 
+def json_results(log):
+    """The RESULT lines of a log as JSON, the form in which other tools read them, by rank."""
+    found = [json.loads(line.partition("RESULT ")[2]) for line in Path(log).read_text(errors="replace").splitlines()
+             if "RESULT {" in line]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def json_runs(folder):
+    """{log name: RESULT lines as JSON} for a results folder, in the report's order."""
+    return {name: [json.loads(json.dumps(result.as_dict(r))) for r in results]
+            for name, results in reading.load_runs(folder).items()}
+
+
+def reaching_the_steps(before, after):
+    """A planted edit of a figure, carried into the measurements that result.RankResult works it out from
+    again: losses into the steps' losses, tokens/s into the steps' times; an edit of the steps themselves
+    stands as it is."""
+    if after.get("steps") != before.get("steps"):
+        return after
+    if after.get("losses") is not None and after["losses"] != before.get("losses"):
+        steps = after["steps"]
+        after["steps"] = [{**steps[min(i, len(steps) - 1)], "step": i + 1, "loss": x}
+                          for i, x in enumerate(after["losses"])]
+    if before.get("tokens_per_s") and after.get("tokens_per_s") != before["tokens_per_s"]:
+        slower = before["tokens_per_s"] / after["tokens_per_s"]
+        after["steps"] = [{**s, "time_s": s["time_s"] * slower} for s in after["steps"]]
+    return after
+
+
 def planted(folder, tmp_path, name, edit):
-    """A copy of a results folder in which edit(record) rewrites every RESULT of the run `name`."""
+    """A copy of a results folder in which edit(result) rewrites every RESULT of the run `name`."""
     copy = Path(tempfile.mkdtemp(prefix=f"planted-{name}-", dir=tmp_path))
     shutil.copytree(folder, copy, dirs_exist_ok=True)
     log = copy / f"{name}.log"
-    lines = [("RESULT " + json.dumps(edit(json.loads(line[len("RESULT "):])))) if line.startswith("RESULT ")
-             else line for line in log.read_text().splitlines()]
+    def rewritten(line):
+        before = json.loads(line[len("RESULT "):])
+        return "RESULT " + json.dumps(reaching_the_steps(before, edit(json.loads(json.dumps(before)))))
+    lines = [rewritten(line) if line.startswith("RESULT ") else line for line in log.read_text().splitlines()]
     log.write_text("\n".join(lines) + "\n")
     return copy
 
@@ -124,7 +156,7 @@ def stage3_torchrun_3_ranks(tmp_path_factory):
     log = tmp_path_factory.mktemp("torchrun") / "stage3.log"
     proc = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3",
                 "--master_port", str(free_port()), "train_gpt.py", "--stage", "3", "--model", "tiny"], log=log)
-    return SimpleNamespace(proc=proc, records=report.read_results(log))
+    return SimpleNamespace(proc=proc, records=json_results(log))
 
 
 @pytest.fixture(scope="session")
@@ -133,7 +165,7 @@ def single_process(tmp_path_factory):
     folder = tmp_path_factory.mktemp("single")
     procs = {stage: run([sys.executable, "train_gpt.py", "--stage", str(stage)], log=folder / f"stage{stage}.log")
              for stage in (0, 3)}
-    return SimpleNamespace(procs=procs, folder=folder, runs=report.load_runs(folder))
+    return SimpleNamespace(procs=procs, folder=folder, runs=json_runs(folder))
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +175,7 @@ def fp32(tmp_path_factory):
     procs = {stage: run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
                          "--stage", str(stage), "--dtype", "fp32"], log=folder / f"stage{stage}.log")
              for stage in (0, 3)}
-    return SimpleNamespace(procs=procs, folder=folder, runs=report.load_runs(folder))
+    return SimpleNamespace(procs=procs, folder=folder, runs=json_runs(folder))
 
 
 @pytest.fixture(scope="session")
@@ -157,7 +189,7 @@ def failing_config(tmp_path_factory):
     log = folder / "stage3.log"
     proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
                 "--config", str(folder / "bad.json")], log=log)
-    return SimpleNamespace(proc=proc, records=report.read_results(log))
+    return SimpleNamespace(proc=proc, records=json_results(log))
 
 
 @pytest.fixture(scope="session")
@@ -217,7 +249,7 @@ def launch_two_ranks(tmp_path_factory):
                     proc.kill()
                     proc.wait()
         log = folder / "rank0.log"
-        return SimpleNamespace(statuses=statuses, log=log, records=report.read_results(log),
+        return SimpleNamespace(statuses=statuses, log=log, records=json_results(log),
                                output=log.read_text() + (folder / "rank1.log").read_text())
     return launch
 
@@ -269,7 +301,7 @@ def hung_rank(tmp_path_factory):
         except subprocess.TimeoutExpired:
             status = None
         return SimpleNamespace(status=status, seconds=time.monotonic() - stopped, log=log,
-                               records=report.read_results(log), buffers=list(
+                               records=json_results(log), buffers=list(
                                    Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*")))
     finally:
         for proc in ranks:
@@ -295,7 +327,7 @@ def original_design(tmp_path_factory):
     log = folder / "stage3.log"
     proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "train_gpt.py",
                 "--config", str(folder / "original.json")], log=log)
-    return SimpleNamespace(proc=proc, records=report.read_results(log))
+    return SimpleNamespace(proc=proc, records=json_results(log))
 
 
 @pytest.fixture(scope="session")
@@ -364,7 +396,7 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
 
 def shared_memory_of(folder):
     """DeepSpeed's CPU all-reduce buffers left in /dev/shm by the runs of a results folder, found by their port."""
-    port = re.search(r"--master_port[ =](\d+)", report.read_command(next(folder.glob("*.log"))))[1]
+    port = re.search(r"--master_port[ =](\d+)", reading.read_command(next(folder.glob("*.log"))))[1]
     return list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 

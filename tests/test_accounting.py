@@ -4,7 +4,7 @@ import torch
 
 import machine
 import options
-import record
+import result
 import train_gpt as t
 from accounting import explain, predict, shapes
 from conftest import facts
@@ -72,12 +72,12 @@ def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):
     """A made-up record after the census: PSI parameters, a tenth of them in the largest tensor."""
     counts = {"params_total": PSI, "local_param_elems": PSI // world if stage == 3 else PSI, "persistent_elems": 0,
               "largest_param_elems": PSI // 10, "model_state_breakdown": {"other": other}}
-    return record.Record(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
+    return result.RankResult(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
 
 
 def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
     r.checkpoint = checkpoint
-    record.add_predictions(r, t.PRESETS["1.3b"], t.LOSS_CHUNK,
+    result.add_predictions(r, t.PRESETS["1.3b"], t.LOSS_CHUNK,
                            {"stage3_prefetch_bucket_size": prefetch, "sub_group_size": sub_group})
     return r
 
@@ -177,7 +177,7 @@ def held(stage, params, grads, optimizer):
 def test_partition_check_holds_each_stage_to_its_promise(stage, shares, ok):
     promised = predict.shares(states(stage), whole(stage))
     measured = predict.shares(held(stage, *shares), whole(stage))
-    assert predict.holds_as_promised(measured, promised, stage, 2 / 100, record.PARTITION_TOLERANCE) is ok
+    assert predict.holds_as_promised(measured, promised, stage, 2 / 100, result.PARTITION_TOLERANCE) is ok
 
 
 def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu():
@@ -189,7 +189,7 @@ def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu(
 def test_differences_name_the_kind_and_its_cause():
     r = rank(1, mem_kind="cpu_rss", deepspeed_estimate=None)
     r.predicted_breakdown = predict.model_states(1, "bf16", PSI, PSI / G)
-    [line] = explain.differences(record.as_dict(r), held(1, 1.0, 0.3, 0.25))
+    [line] = explain.differences(r, held(1, 1.0, 0.3, 0.25))
     assert line.startswith("model states: grads -") and "stage 1 also reduces the gradients" in line
 
 
@@ -197,7 +197,7 @@ def test_differences_explain_a_gpu_peak_far_from_its_estimate():
     r = rank(3, peak_mem_bytes=3 * 2**30, predicted_peak_bytes=2**30, activation_estimate_bytes=2**29,
              step_transient_bytes=2**28, deepspeed_estimate=None)
     r.predicted_breakdown = states(3)
-    [line] = explain.differences(record.as_dict(r), r.predicted_breakdown)
+    [line] = explain.differences(r, r.predicted_breakdown)
     assert line.startswith("peak: 3.00 GiB measured against 1.00 GiB estimated")
 
 
@@ -213,7 +213,7 @@ def held_in_params(nbytes):
 def test_differences_say_what_deepspeeds_estimator_adds(stage, offload, adds):
     r = rank(stage, offload=offload, model_state_breakdown=held_in_params(10 * 2**20),
              deepspeed_estimate={"device": 12 * 2**20, "host_per_node": 0})
-    [line] = explain.estimator_gap(record.as_dict(r))
+    [line] = explain.estimator_gap(r)
     assert line.startswith("DeepSpeed's estimator: 12.0 MiB against 10.0 MiB measured: it adds ")
     assert all(a in line for a in adds)
     assert ("bytes per partition element" in line) == (offload is None) and ("largest layer" in line) == (stage == 3)
@@ -222,7 +222,7 @@ def test_differences_say_what_deepspeeds_estimator_adds(stage, offload, adds):
 def test_an_estimate_within_10_percent_needs_no_explanation():
     r = rank(3, model_state_breakdown=held_in_params(10 * 2**20),
              deepspeed_estimate={"device": 10.5 * 2**20, "host_per_node": 0})
-    assert explain.estimator_gap(record.as_dict(r)) == []
+    assert explain.estimator_gap(r) == []
 
 
 def test_out_of_memory_covers_gpu_and_capped_cpu_allocations():
@@ -238,8 +238,8 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
               "peak_reserved_bytes": 20 * i,
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
-    m = record.Measured(steps=steps, memory_at_start=start)
-    r = record.assemble(facts(0, world=1), m, t.PRESETS["1.3b"], t.LOSS_CHUNK, {}, {"peak_mem_bytes": 0})
+    r = result.RankResult(**facts(0, world=1), steps=steps, memory_at_start=start)
+    result.finish(r, t.PRESETS["1.3b"], t.LOSS_CHUNK, {}, {"peak_mem_bytes": 0})
     assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
 
 

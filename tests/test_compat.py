@@ -3,6 +3,8 @@ newest stack, where all are there."""
 import sys
 from types import SimpleNamespace
 
+import options
+
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
@@ -11,8 +13,11 @@ import fsdp2
 from conftest import assert_refused
 
 
-def run_args(**settings):
-    return SimpleNamespace(**{"stage": 3, "engine": "deepspeed", "compile": False, "deepcompile": False, **settings})
+def a_run(**settings):
+    return options.Run(**{"stage": 3, "engine": "deepspeed", "model": "tiny", "config": "ds_config_stage3.json",
+                          "dtype": "bf16", "micro_batch": 2, "seq": 256, "steps_planned": 3, "lr": 1e-3, "warmup": 0,
+                          "seed": 0, "checkpoint": True, "compile": False, "deepcompile": False, "max_mem_gib": None,
+                          "timeout_s": 120.0, **settings})
 
 
 def test_the_newest_stack_has_every_feature():
@@ -20,7 +25,7 @@ def test_the_newest_stack_has_every_feature():
     assert compat.has_engine_compile() and compat.has_deepcompile() and compat.has_leaf_modules()
     assert compat.profiler_options() == {"acc_events": True}
     assert compat.fused_adamw(torch.device("cpu"))
-    assert compat.degrade(run_args(), {}, torch.device("cpu")) == []
+    assert compat.degrade(a_run(), {}, torch.device("cpu"))[2] == []
 
 
 def test_a_torch_without_fully_shard_says_so(monkeypatch):
@@ -35,26 +40,24 @@ def test_fsdp2_on_a_torch_without_it_is_refused_in_one_line(check, monkeypatch):
 
 def test_compile_without_engine_compile_is_skipped_in_one_line(monkeypatch):
     monkeypatch.delattr(DeepSpeedEngine, "compile")
-    args = run_args(compile=True)
-    [line] = compat.degrade(args, {}, torch.device("cpu"))
-    assert not args.compile
+    run, _, [line] = compat.degrade(a_run(compile=True), {}, torch.device("cpu"))
+    assert not run.compile
     assert line.startswith("--compile skipped: DeepSpeed's engine.compile() needs DeepSpeed >= 0.14.4; this is ")
 
 
 def test_deepcompile_without_deepcompile_is_skipped_in_one_line(monkeypatch):
     monkeypatch.delattr(DeepSpeedEngine, "is_deepcompile_enabled")
-    args, config = run_args(compile=True, deepcompile=True), {"compile": {"deepcompile": True, "other": 1}}
-    [line] = compat.degrade(args, config, torch.device("cpu"))
+    config = {"compile": {"deepcompile": True, "other": 1}}
+    run, config, [line] = compat.degrade(a_run(compile=True, deepcompile=True), config, torch.device("cpu"))
     assert line.startswith("DeepCompile skipped: it needs DeepSpeed >= 0.16.6")
-    assert not args.deepcompile and args.compile and config["compile"] == {"other": 1}
+    assert not run.deepcompile and run.compile and config["compile"] == {"other": 1}
 
 
 def test_unfused_adamw_and_whole_linears_are_said_in_one_line_each(monkeypatch):
     monkeypatch.setattr(compat, "fused_adamw", lambda device: False)
     monkeypatch.delattr("deepspeed.utils.set_z3_leaf_modules")
-    args = run_args()
-    unfused, leaves = compat.degrade(args, {}, torch.device("cpu"))
-    assert not args.fused_adamw and not args.leaf_modules
+    run, _, [unfused, leaves] = compat.degrade(a_run(), {}, torch.device("cpu"))
+    assert not run.fused_adamw and not run.leaf_modules
     assert unfused.startswith("torch's AdamW steps unfused: its fused kernel runs on cpu from torch 2.4")
     assert leaves.startswith("ZeRO-3 gathers each Linear, not each block: deepspeed.utils.set_z3_leaf_modules needs")
 

@@ -12,13 +12,14 @@ import pytest
 import torch
 
 import options
-import record
+import result
 import report
+from reporting import reading
 from conftest import ROOT, assert_refused, facts, planted
 
 RECOMPILE = options.DEEPCOMPILE_RECOMPILE_STEP
 COMPILE_S = 100.0
-FIELDS = {f.name for f in dataclasses.fields(record.Record)}
+FIELDS = {f.name for f in dataclasses.fields(result.RankResult)}
 
 
 def test_deepcompile_compiles_again_where_deepspeed_schedules_it():
@@ -66,31 +67,31 @@ def steps_compiling_at(*compiles, n=RECOMPILE + 4):
 
 def test_a_deepcompile_run_is_timed_from_the_step_after_it_compiles_again():
     steps = steps_compiling_at(1, RECOMPILE)
-    r = record.Record(**facts(3), deepcompile=True, steps=steps, params_total=1000)
+    r = result.RankResult(**facts(3), deepcompile=True, steps=steps, params_total=1000)
     assert r.step_time_s == pytest.approx(statistics.median(s["time_s"] for s in steps[RECOMPILE:-1]))
 
 
 def test_an_eager_run_is_timed_from_step_2():
     steps = steps_compiling_at(1)
-    r = record.Record(**facts(3), steps=steps, params_total=1000)
+    r = result.RankResult(**facts(3), steps=steps, params_total=1000)
     assert r.step_time_s == pytest.approx(statistics.median(s["time_s"] for s in steps[1:-1]))
 
 
 def test_a_deepcompile_run_that_stopped_before_it_was_timed_has_no_speed():
-    r = record.Record(**facts(3), deepcompile=True,
+    r = result.RankResult(**facts(3), deepcompile=True,
                       steps=steps_compiling_at(1, n=RECOMPILE - 1), params_total=1000)
     assert r.step_time_s is None and r.tokens_per_s is None
 
 
 def test_deepcompile_s_collectives_are_not_counted_rather_than_undercounted():
-    r = record.Record(**facts(3), deepcompile=True, steps=steps_compiling_at(1, RECOMPILE),
+    r = result.RankResult(**facts(3), deepcompile=True, steps=steps_compiling_at(1, RECOMPILE),
                       params_total=1000)
     assert r.comm_bytes is None and r.comm_volume is None and r.busbw is None
 
 
 def with_deepcompile_run(folder, tmp_path, edit=lambda r: r):
     """A copy of a stage-3 and FSDP2 run with a DeepCompile run beside them: stage 3's records as DeepCompile's,
-    compiling at step 1 and RECOMPILE, passed through edit, and their figures worked out again by record.Record."""
+    compiling at step 1 and RECOMPILE, passed through edit, and their figures worked out again by result.RankResult."""
     copy = tmp_path / "with-deepcompile"
     shutil.copytree(folder, copy)
     shutil.copy(copy / "stage3.log", copy / "stage3_deepcompile.log")
@@ -100,7 +101,7 @@ def with_deepcompile_run(folder, tmp_path, edit=lambda r: r):
         steps = [{**s, "loss": loss} for s, loss in zip(steps_compiling_at(1, RECOMPILE), losses)]
         r = edit({**r, "config": str(ROOT / "ds_config_stage3_deepcompile.json"), "compile": True,
                   "deepcompile": True, "steps": steps})
-        return record.as_dict(record.Record(**{k: v for k, v in r.items() if k in FIELDS}))
+        return result.as_dict(result.RankResult(**{k: v for k, v in r.items() if k in FIELDS}))
     return planted(copy, tmp_path, "stage3_deepcompile", as_deepcompile)
 
 
@@ -118,7 +119,8 @@ def test_the_report_says_what_deepcompile_cost_and_sets_it_against_fsdp2(fsdp2_p
 
 def test_an_eager_run_is_the_reference_before_a_compiled_one(fsdp2_peer):
     eager = fsdp2_peer.runs["stage3"][0]
-    assert report.reference_rank(eager) < report.reference_rank({**eager, "compile": True})
+    eager = result.RankResult.from_dict(eager)
+    assert reading.reference_rank(eager) < reading.reference_rank(dataclasses.replace(eager, compile=True))
 
 
 def test_fsdp2_is_set_only_against_stage_3_runs_with_its_settings(fsdp2_peer, tmp_path, capsys):

@@ -5,6 +5,7 @@ import json
 import pytest
 
 import report
+from reporting import reading, verdict
 from conftest import ROOT, planted, run
 
 
@@ -30,8 +31,8 @@ def test_fsdp2_shards_hold_the_same_initial_weights_as_stage_3(fsdp2_peer):
 
 def test_fsdp2_trains_like_stage_3_at_every_step(fsdp2_peer):
     zero3, peer = fsdp2_peer.runs["stage3"][0]["losses"], fsdp2_peer.runs["fsdp2"][0]["losses"]
-    assert peer == pytest.approx(zero3, rel=report.LOSS_RTOL)
-    assert report.loss_falls(peer)
+    assert peer == pytest.approx(zero3, rel=verdict.LOSS_RTOL)
+    assert verdict.loss_falls(peer)
 
 
 def test_fsdp2_holds_16_bytes_per_parameter_over_the_ranks_as_fp32_weights_grads_and_moments(fsdp2_peer):
@@ -68,7 +69,8 @@ def test_a_peer_whose_loss_turns_nan_fails_the_verdict(fsdp2_peer, tmp_path, cap
 
 
 def test_fsdp2_is_not_paired_with_stage_0_in_the_verdict(fsdp2_peer):
-    assert report.pairs(fsdp2_peer.runs) == {2: ([], fsdp2_peer.runs["stage3"])}
+    runs = reading.load_runs(fsdp2_peer.folder)
+    assert reading.pairs(runs) == {2: ([], runs["stage3"])}
 
 
 @pytest.mark.parametrize("args, message", [

@@ -45,8 +45,8 @@ def test_ctrl_c_reports_the_steps_done_and_the_stages_not_started(ctrl_c):
 
 
 def test_an_interrupted_rank_reports_the_steps_it_completed(sigterm):
-    import report
-    [r0, r1] = report.load_runs(sigterm.folder)["stage3"]
+    from conftest import json_runs
+    [r0, r1] = json_runs(sigterm.folder)["stage3"]
     assert r0["interrupted_by"] == r1["interrupted_by"] == "SIGTERM"
     assert 5 <= len(r0["steps"]) == len(r1["steps"]) < 3000 and r0["steps_planned"] == 3000
 

@@ -7,6 +7,8 @@ import sys
 import pytest
 
 import report
+import result
+from reporting import compare, tables
 from conftest import ROOT, planted
 
 # a results folder in the repository, from a rehearsal of 4 ranks on one H200
@@ -113,12 +115,11 @@ def test_compare_flags_runs_that_trained_another_number_of_steps(tmp_path, capsy
         return {**r, "steps_planned": 2, "steps": r["steps"][:2], "losses": r["losses"][:2]}
     assert report.main(["--compare", str(COMMITTED), str(planted(COMMITTED, tmp_path, "stage3", two_steps))]) == 1
     assert "stage3 measured something else: it differs in steps" in capsys.readouterr().out
-    assert report.steps_trained({"steps": [{}, {}]}) == 2  # a log from before steps_planned
+    assert compare.steps_trained(result.RankResult(steps=[{}, {}])) == 2  # a log from before steps_planned
 
 
 def test_compare_tracks_a_figure_whatever_its_row_is_called(tmp_path, capsys, monkeypatch):
-    renamed = [("peak (renamed)", *row[1:]) if row[1] is report.peak_memory else row for row in report.COMPARISON]
-    monkeypatch.setattr(report, "COMPARISON", renamed)
+    monkeypatch.setitem(tables.ROWS, "peak_memory", ("peak_memory", "peak (renamed)", *tables.ROWS["peak_memory"][2:]))
     assert report.main(["--compare", str(COMMITTED), str(scaled(COMMITTED, tmp_path, peak=1.2))]) == 1
     assert "stage3 peak (renamed) +20.0%" in capsys.readouterr().out
 

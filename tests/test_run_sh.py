@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 import report
+from reporting import reading
+from reporting.verdict import LOSS_RTOL
 from conftest import planted
 
 
@@ -30,7 +32,7 @@ def test_run_sh_prints_one_comparison_table(run_sh):
 
 def test_a_run_leaves_no_shared_memory_behind(run_sh):
     # DeepSpeed's CPU all-reduce never unlinks its /dev/shm buffers, named after the master port
-    port = re.search(r"--master_port (\d+)", report.read_command(run_sh.folder / "stage3.log"))[1]
+    port = re.search(r"--master_port (\d+)", reading.read_command(run_sh.folder / "stage3.log"))[1]
     assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 
@@ -107,7 +109,7 @@ def test_every_stage_and_offload_trains_alike_at_every_step(other_stages):
     # the offload configs' CPU Adam, which DeepSpeed builds from the config, once trained at the config's rate
     dense = other_stages.runs["stage0"][0]["losses"]
     for name in ("stage1", "stage2", "stage3", "stage3_offload", "stage3_infinity"):
-        assert other_stages.runs[name][0]["losses"] == pytest.approx(dense, rel=report.LOSS_RTOL), name
+        assert other_stages.runs[name][0]["losses"] == pytest.approx(dense, rel=LOSS_RTOL), name
 
 
 def test_a_planted_divergence_between_the_stages_fails_the_verdict(run_sh, tmp_path, capsys):

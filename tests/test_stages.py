@@ -2,8 +2,8 @@
 that only stage 3 can fit."""
 import pytest
 
-import report
-import record
+import result
+from reporting import reading
 from conftest import planted
 
 # what each stage promises to partition over the ranks; the rest stays whole on every rank
@@ -84,18 +84,18 @@ def test_a_gpu_rank_that_offloads_every_model_state_is_reported_without_a_divisi
     cpu = other_stages.runs["stage3_infinity"][0]
     r = dict(cpu, mem_kind="cuda", predicted_model_state_bytes=0, host_state_breakdown=cpu["model_state_breakdown"],
              host_state_bytes=cpu["model_state_bytes"], predicted_host_state_bytes=cpu["predicted_model_state_bytes"])
-    lines = "\n".join(record.human_lines(r))
+    lines = "\n".join(result.human_lines(result.RankResult.from_dict(r)))
     assert "vs ZeRO prediction 0.0 MiB (-)" in lines and "host (CPU) model states" in lines
 
 
 def test_a_model_that_only_stage_3_fits_under_a_memory_cap(memory_cap):
     assert memory_cap.proc.returncode == 0, memory_cap.proc.stdout[-3000:]
     dense, zero3 = memory_cap.runs["stage0"], memory_cap.runs["stage3"]
-    assert report.oom(dense) and any("can't allocate memory" in r["error"] for r in dense)
-    assert not report.failed(zero3) and len(zero3) == 2
+    assert reading.oom([result.RankResult.from_dict(r) for r in dense]) and any("can't allocate memory" in r["error"] for r in dense)
+    assert not reading.failed([result.RankResult.from_dict(r) for r in zero3]) and len(zero3) == 2
     assert "only stage 3 trains this model on this hardware, with memory capped at 1.75 GiB" in memory_cap.proc.stdout
     assert all(r["peak_mem_bytes"] > 0 for r in dense)
-    assert report.read_command(memory_cap.folder / "stage0.log").endswith("--model small --max-mem-gib 1.75")
+    assert reading.read_command(memory_cap.folder / "stage0.log").endswith("--model small --max-mem-gib 1.75")
     assert "VERDICT: PASS" in memory_cap.proc.stdout
 
 

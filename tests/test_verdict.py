@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import options
 import report
+from reporting import tables, verdict
 import train_gpt
 from conftest import ROOT, planted
 
@@ -18,7 +19,7 @@ from conftest import ROOT, planted
 def test_the_first_steps_train_on_the_same_rows_and_later_steps_draw_fresh_ones():
     tokens = np.arange(10_000, dtype=np.uint16)
     rows = [train_gpt.get_batch(tokens, 0, step, 0, 2, 2, 8, "cpu")[0] for step in range(1, 6)]
-    assert options.SAME_ROWS_STEPS == report.FALLING_STEPS == 3
+    assert options.SAME_ROWS_STEPS == verdict.FALLING_STEPS == 3
     assert all((rows[0] == r).all() for r in rows[1:3])
     assert not (rows[0] == rows[3]).all() and not (rows[3] == rows[4]).all()
 
@@ -67,9 +68,9 @@ def test_each_ratio_says_which_side_it_favours(run_sh):
 
 
 def test_no_ratio_is_given_against_next_to_nothing():
-    assert report.ratio(0.9 * 2**20, 20, report.SMALLER) == ""
-    assert report.ratio(4.0, 1.0, report.SMALLER) == "4.00x less"
-    assert report.ratio(2.86, 1.0, report.FASTER) == "2.86x slower"
+    assert tables.ratio(0.9 * 2**20, 20, tables.SMALLER) == ""
+    assert tables.ratio(4.0, 1.0, tables.SMALLER) == "4.00x less"
+    assert tables.ratio(2.86, 1.0, tables.FASTER) == "2.86x slower"
 
 
 def test_speed_on_cpu_is_marked_as_no_measure(run_sh):

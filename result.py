@@ -1,17 +1,19 @@
 """
-One record per rank: built in one place (assemble) from what train_gpt.py measured, it feeds every output:
-the human lines, the RESULT JSON line, and through that line report.py's tables, verdict and summary.json.
-A new figure is one property of Record and one row in report.py's COMPARISON.
+One result per rank (RankResult), built as the rank starts and filled as it runs, feeds every output: the
+human lines, the RESULT JSON line, and through that line (RankResult.from_dict) the report's tables, verdict
+and summary.json. A new figure is one property of RankResult and one row in reporting/tables.py's COMPARISON
+(docs/layout.md).
 """
 import json
 import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import options
 from accounting import explain, predict
 from formatting import EXIT, SIGNALS, fmt, gib, pct, relative_error, size
+from stages import shards_params
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
@@ -24,71 +26,60 @@ def last_step(r, key):
     return r.steps[-1].get(key) if r.steps else None
 
 
-def states(breakdown):
+def model_states_of(breakdown):
     """The model states of a census: every kind but the other tensors."""
     return sum(v for k, v in breakdown.items() if k != "other")
 
 
 @dataclass
-class Measured:
-    """What a rank measured, part by part; a rank that fails keeps the parts it got."""
-    shards: dict = None  # accounting.measure.shard_report
-    weights_checksum: float = None
-    trained_checksum: float = None  # the same sum after the steps on the same rows (options.SAME_ROWS_STEPS)
-    ready_s: float = None
-    optimizer: str = None
-    memory_at_start: dict = None  # the memory snapshot once the engine is ready
-    steps: list = field(default_factory=list)  # per step: step, loss, lr, time_s and the memory snapshot
-    census: dict = None  # accounting.measure.census on the device (GPU, or CPU without GPUs)
-    host_census: dict = None  # the same in host memory, with offload on GPUs
-    gathered_tensors: int = None
-    flops_per_token: float = None
-    peak_tflops: float = None  # the device's dense 16-bit peak, where known
-    link_busbw: float = None  # bytes per second, an all-gather alone (accounting.comms.link_alone)
-    timing: dict = field(default_factory=dict)  # epoch seconds: started, imported, engine_ready, trained, probed
-    deepcompile_active: bool = None  # compat.deepcompile_active: None where DeepSpeed cannot say
-
-
-@dataclass
-class Record:
-    # the run: what train_gpt.py was asked to do, where, and how it ended
-    stage: int
-    engine: str  # "deepspeed", or "fsdp2": PyTorch's fully_shard as ZeRO-3's peer
-    rank: int
-    world_size: int
-    model: str
-    config: str
-    dtype: str
-    micro_batch: int
-    seq: int
-    lr: float
-    warmup: int
-    seed: int
-    checkpoint: bool
-    compile: bool
-    max_mem_gib: float
-    timeout_s: float
-    offload: dict
-    launcher: str
-    steps_planned: int  # --steps; fewer ran where a signal or a diverged loss stopped the run
-    mem_kind: str  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
+class RankResult:
+    """One rank's result, built once as the rank starts (options.Run's fields first) and filled as it runs; a
+    rank that fails keeps what it got. as_dict is its RESULT line; from_dict reads one back."""
+    # the run: options.Run's fields, the same names (tests/test_record.py holds the two together)
+    stage: int = None
+    engine: str = "deepspeed"  # or "fsdp2": PyTorch's fully_shard as ZeRO-3's peer
+    model: str = None
+    config: str = None
+    dtype: str = None
+    micro_batch: int = None
+    seq: int = None
+    steps_planned: int = None  # --steps; fewer ran where a signal or a diverged loss stopped the run
+    lr: float = None
+    warmup: int = None
+    seed: int = None
+    checkpoint: bool = None
+    compile: bool = None
     deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
-    deepcompile_active: bool = None  # whether DeepSpeed says DeepCompile compiled the run; None where it cannot say
+    max_mem_gib: float = None
+    timeout_s: float = None
+    offload: dict = field(default_factory=dict)
+    data: str = None
+    fused_adamw: bool = None
+    leaf_modules: bool = None
+    # where it ran
+    rank: int = None
+    world_size: int = None
+    launcher: str = None
+    mem_kind: str = None  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     gpus: int = None
     ranks_per_node: int = None
     ranks_per_gpu: int = None
     rehearsal: bool = None
     link_bytes_per_s: float = None  # NVLink's, per GPU and direction, where the ranks communicate over it
-    link_busbw: float = None  # bytes per second that an all-gather of 256 MiB achieved alone, after training
     env: dict = None
-    optimizer: str = None
-    ready_s: float = None
+    # how it ended
     oom: bool = False
     error: str = None
     interrupted_by: str = None  # the signal that ended the run (at the end of a step if training), or a peer's
     diverged: str = None  # why the loss ended the run: not finite, or past options.DIVERGED_FACTOR x the first
-    timing: dict = None  # epoch seconds at which this rank started, finished its imports, ... (Measured.timing)
-    # partitioning
+    timing: dict = field(default_factory=dict)  # epoch seconds: started, imported, engine_ready, trained, probed
+    # the engine
+    optimizer: str = None
+    ready_s: float = None
+    deepcompile_active: bool = None  # whether DeepSpeed says DeepCompile compiled the run; None where it cannot say
+    memory_at_start: dict = None  # the memory snapshot once the engine is ready
+    zero_config: dict = None  # the zero_optimization section as DeepSpeed read it (compat.zero_config)
+    # partitioning (accounting.measure.shard_report)
     param_tensors: int = None
     partitioned_tensors: int = None
     persistent_tensors: int = None
@@ -98,14 +89,14 @@ class Record:
     largest_param_elems: int = None
     shard_check_ok: bool = None
     weights_checksum: float = None
-    trained_checksum: float = None  # the weights checksum after the steps on the same rows
+    trained_checksum: float = None  # the weights checksum after the steps on the same rows (options.SAME_ROWS_STEPS)
     gathered_tensors: int = None
     held_fraction: dict = None
     promised_fraction: dict = None
     partition_check_ok: bool = None
-    # memory, measured and predicted
-    model_state_breakdown: dict = None
-    host_state_breakdown: dict = None
+    # memory, measured (accounting.measure.census, in the last step) and predicted
+    model_state_breakdown: dict = None  # on the device (GPU, or CPU without GPUs)
+    host_state_breakdown: dict = None  # in host memory, with offload on GPUs
     predicted_breakdown: dict = None
     predicted_model_state_bytes: float = None
     predicted_host_state_bytes: float = None
@@ -120,19 +111,26 @@ class Record:
     device_total_bytes: int = None
     host_peak_rss_bytes: int = None
     # training
-    steps: list = field(default_factory=list)  # per step: step, loss, lr, time_s and the memory snapshot
+    steps: list = field(default_factory=list)  # per step: step, loss, lr, time_s, the memory snapshot, comm
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
+    link_busbw: float = None  # bytes per second that an all-gather of 256 MiB achieved alone, after training
+
+    @classmethod
+    def from_dict(cls, d):
+        """A RESULT line's record; its figures are worked out again, and keys it does not know (a figure, or
+        a field of an older or newer version) are passed over."""
+        return cls(**{k: v for k, v in d.items() if k in FIELDS})
 
     # Figures derived from the fields above. A new one is a property here, which every RESULT line then
     # carries, and a row in report.py's COMPARISON.
     @property
     def model_state_bytes(self) -> int:
-        return states(self.model_state_breakdown) if self.model_state_breakdown else None
+        return model_states_of(self.model_state_breakdown) if self.model_state_breakdown else None
 
     @property
     def host_state_bytes(self) -> int:
-        return states(self.host_state_breakdown) if self.host_state_breakdown else None
+        return model_states_of(self.host_state_breakdown) if self.host_state_breakdown else None
 
     @property
     def losses(self) -> list:
@@ -193,26 +191,34 @@ class Record:
         return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
                 if t and self.comm_bytes[kind] >= BUSBW_MIN_BYTES else None for kind, t in seconds.items()}
 
+    def tokens_per_step(self) -> int:
+        return self.world_size * self.micro_batch * self.seq
+
+    def tflops_at(self, seconds) -> float:
+        """Each GPU's TFLOP/s in a step of this many seconds (FLOPs: predict.flops_per_token)."""
+        if not (seconds and self.flops_per_token):
+            return None
+        return self.flops_per_token * self.tokens_per_step() / seconds / self.gpus / 1e12
+
     @property
     def tokens_per_s(self) -> float:
-        return self.world_size * self.micro_batch * self.seq / self.step_time_s if self.step_time_s else None
+        return self.tokens_per_step() / self.step_time_s if self.step_time_s else None
 
     @property
     def tflops_per_gpu(self) -> float:
-        if not (self.tokens_per_s and self.flops_per_token):
-            return None
-        return self.flops_per_token * self.tokens_per_s / self.gpus / 1e12
+        return self.tflops_at(self.step_time_s)
 
     @property
     def mfu(self) -> float:
         return self.tflops_per_gpu / self.peak_tflops if self.tflops_per_gpu and self.peak_tflops else None
 
 
-FIGURES = [name for name, value in vars(Record).items() if isinstance(value, property)]
+FIGURES = [name for name, value in vars(RankResult).items() if isinstance(value, property)]
+FIELDS = {f.name for f in fields(RankResult)}
 
 
 def as_dict(r):
-    """The record as RESULT carries it: its fields and its figures."""
+    """The result as its RESULT line carries it: its fields and its figures."""
     return {**asdict(r), **{name: getattr(r, name) for name in FIGURES}}
 
 
@@ -241,11 +247,11 @@ def add_predictions(r, shape, loss_chunk, zero):
     flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
     r.activation_estimate_bytes = predict.activation_bytes(shape, r.dtype, r.micro_batch, r.seq, r.checkpoint,
                                                            flash, loss_chunk)
-    sub_group = predict.sub_group_elems(zero, r.largest_param_elems, r.world_size) if r.stage == 3 else None
+    sub_group = predict.sub_group_elems(zero, r.largest_param_elems, r.world_size) if shards_params(r.stage) else None
     r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]),
                                                           r.engine, sub_group)
     prefetch_elems = predict.zero_setting(zero, "stage3_prefetch_bucket_size")
-    prefetch = predict.WIDTH[r.dtype] * prefetch_elems if r.stage == 3 else 0
+    prefetch = predict.WIDTH[r.dtype] * prefetch_elems if shards_params(r.stage) else 0
     r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
                                                 prefetch, r.activation_estimate_bytes, r.step_transient_bytes)
 
@@ -260,26 +266,20 @@ def add_shares(r):
                                                      PARTITION_TOLERANCE)
 
 
-def assemble(run, m, shape, loss_chunk, zero, memory_now):
-    """The record of one rank: run holds the run's facts (Record's first fields), m what it measured, zero the
-    config's zero_optimization section; memory_now the memory snapshot at the end."""
-    r = Record(**run, steps=m.steps, optimizer=m.optimizer, ready_s=m.ready_s, weights_checksum=m.weights_checksum,
-               trained_checksum=m.trained_checksum,
-               gathered_tensors=m.gathered_tensors, flops_per_token=m.flops_per_token, peak_tflops=m.peak_tflops,
-               link_busbw=m.link_busbw, timing=m.timing, deepcompile_active=m.deepcompile_active,
-               **(m.shards or {}))
-    snapshots = [memory_now, *([m.memory_at_start] if m.memory_at_start else []), *m.steps]
+def finish(r, shape, loss_chunk, zero, memory_now):
+    """Complete a rank's result once it has run: its peaks, and where it counted its model states, the
+    predictions and shares they are judged against. zero is the config's zero_optimization section;
+    memory_now the memory snapshot at the end."""
+    snapshots = [memory_now, *([r.memory_at_start] if r.memory_at_start else []), *r.steps]
     for key in PEAK_KEYS:
         seen = [s[key] for s in snapshots if s.get(key) is not None]
         setattr(r, key, max(seen) if seen else None)
-    r.mem_after_init_bytes = (m.memory_at_start or {}).get("allocated_bytes")
+    r.mem_after_init_bytes = (r.memory_at_start or {}).get("allocated_bytes")
     r.device_total_bytes = memory_now.get("device_total_bytes")
-    if m.census:
-        r.model_state_breakdown, r.host_state_breakdown = m.census, m.host_census
+    if r.model_state_breakdown:
         add_predictions(r, shape, loss_chunk, zero)
         add_shares(r)
-        r.differences = explain.differences(as_dict(r), held_bytes(r))
-    return r
+        r.differences = explain.differences(r, held_bytes(r))
 
 
 def exit_status(r):
@@ -292,13 +292,15 @@ def exit_status(r):
 
 
 def result_line(r):
-    return "RESULT " + json.dumps(r)
+    return "RESULT " + json.dumps(as_dict(r))
 
 
-def step_line(s, steps, tokens_per_step, tflops, peak_tflops):
-    return (f"step {s['step']}/{steps}  loss {s['loss']:.4f}  lr {s['lr']:.2e}  time {s['time_s']:.3f}s  "
-            f"mem {gib(s['peak_mem_bytes']):.2f} GiB  tok/s {tokens_per_step / s['time_s']:,.0f}  "
-            f"mfu {pct(tflops / peak_tflops if peak_tflops else None)}")
+def step_line(r, s):
+    """One step as the terminal shows it as it runs."""
+    tflops = r.tflops_at(s["time_s"])
+    return (f"step {s['step']}/{r.steps_planned}  loss {s['loss']:.4f}  lr {s['lr']:.2e}  time {s['time_s']:.3f}s  "
+            f"mem {gib(s['peak_mem_bytes']):.2f} GiB  tok/s {r.tokens_per_step() / s['time_s']:,.0f}  "
+            f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}")
 
 
 def kinds_text(breakdown):
@@ -306,67 +308,67 @@ def kinds_text(breakdown):
 
 
 def partition_lines(tag, r):
-    return [f"{tag} - total param tensors: {r['param_tensors']}, sharded param tensors: {r['partitioned_tensors']}, "
-            f"persistent: {r['persistent_tensors']}, local elements: {r['local_param_elems']:,} of "
-            f"{r['params_total']:,}, shard sizes: {'ok' if r['shard_check_ok'] else 'WRONG'}"]
+    return [f"{tag} - total param tensors: {r.param_tensors}, sharded param tensors: {r.partitioned_tensors}, "
+            f"persistent: {r.persistent_tensors}, local elements: {r.local_param_elems:,} of "
+            f"{r.params_total:,}, shard sizes: {'ok' if r.shard_check_ok else 'WRONG'}"]
 
 
 def memory_lines(tag, r):
-    lines = [f"{tag} model states: {size(r['model_state_bytes'])} ({kinds_text(r['model_state_breakdown'])}) vs ZeRO "
-             f"prediction {size(r['predicted_model_state_bytes'])} "
-             f"({fmt(relative_error(r['model_state_bytes'], r['predicted_model_state_bytes']), '+.1%')}); "
+    lines = [f"{tag} model states: {size(r.model_state_bytes)} ({kinds_text(r.model_state_breakdown)}) vs ZeRO "
+             f"prediction {size(r.predicted_model_state_bytes)} "
+             f"({fmt(relative_error(r.model_state_bytes, r.predicted_model_state_bytes), '+.1%')}); "
              f"other tensors "
-             f"{size(r['model_state_breakdown']['other'])}; partitioned parameters still gathered after backward: "
-             f"{r['gathered_tensors']}"]
-    if r["host_state_breakdown"]:
-        lines.append(f"{tag} host (CPU) model states: {size(r['host_state_bytes'])} "
-                     f"({kinds_text(r['host_state_breakdown'])}) vs prediction "
-                     f"{size(r['predicted_host_state_bytes'])}; "
-                     f"other host tensors {size(r['host_state_breakdown']['other'])}")
-    held, promised = r["held_fraction"], r["promised_fraction"]
+             f"{size(r.model_state_breakdown['other'])}; partitioned parameters still gathered after backward: "
+             f"{r.gathered_tensors}"]
+    if r.host_state_breakdown:
+        lines.append(f"{tag} host (CPU) model states: {size(r.host_state_bytes)} "
+                     f"({kinds_text(r.host_state_breakdown)}) vs prediction "
+                     f"{size(r.predicted_host_state_bytes)}; "
+                     f"other host tensors {size(r.host_state_breakdown['other'])}")
+    held, promised = r.held_fraction, r.promised_fraction
     lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
         f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +
-        f": {'as' if r['partition_check_ok'] else 'NOT as'} stage {r['stage']} promises")
-    estimate = r["deepspeed_estimate"]
+        f": {'as' if r.partition_check_ok else 'NOT as'} stage {r.stage} promises")
+    estimate = r.deepspeed_estimate
     if estimate:
         lines.append(f"{tag} DeepSpeed's estimator: {size(estimate['device'])} per device, "
                      f"{size(estimate['host_per_node'])} per node")
-    peak = f"; the peak at {size(r['predicted_peak_bytes'])}" if r["mem_kind"] == "cuda" else ""
-    lines.append(f"{tag} estimated: activations {size(r['activation_estimate_bytes'])}, the optimizer step's fp32 "
-                 f"gradients {size(r['step_transient_bytes'])}{peak}")
-    return lines + [f"{tag} difference: {d}" for d in r["differences"]]
+    peak = f"; the peak at {size(r.predicted_peak_bytes)}" if r.mem_kind == "cuda" else ""
+    lines.append(f"{tag} estimated: activations {size(r.activation_estimate_bytes)}, the optimizer step's fp32 "
+                 f"gradients {size(r.step_transient_bytes)}{peak}")
+    return lines + [f"{tag} difference: {d}" for d in r.differences]
 
 
 def human_lines(r):
     """What one rank holds, in words; a rank that failed early has fewer figures."""
-    tag = f"[Stage {r['stage']}] Rank {r['rank']}"
-    lines = partition_lines(tag, r) if r.get("param_tensors") is not None else []
-    lines += memory_lines(tag, r) if r.get("model_state_bytes") is not None else []
-    if r["rank"] == 0 and r.get("losses"):
-        lines.append(f"[Stage {r['stage']}] first-step loss: {r['first_loss']:.4f}; losses: "
-                     + ", ".join(f"{x:.4f}" for x in r["losses"]))
-    if r["mem_kind"] == "cuda":
-        extra = (f"peak allocated; reserved {gib(r.get('peak_reserved_bytes') or 0):.2f}, after init "
-                 f"{gib(r.get('mem_after_init_bytes') or 0):.2f}, device "
-                 f"{gib(r.get('device_total_bytes') or 0):.1f} GiB")
+    tag = f"[Stage {r.stage}] Rank {r.rank}"
+    lines = partition_lines(tag, r) if r.param_tensors is not None else []
+    lines += memory_lines(tag, r) if r.model_state_bytes is not None else []
+    if r.rank == 0 and r.losses:
+        lines.append(f"[Stage {r.stage}] first-step loss: {r.first_loss:.4f}; losses: "
+                     + ", ".join(f"{x:.4f}" for x in r.losses))
+    if r.mem_kind == "cuda":
+        extra = (f"peak allocated; reserved {gib(r.peak_reserved_bytes or 0):.2f}, after init "
+                 f"{gib(r.mem_after_init_bytes or 0):.2f}, device "
+                 f"{gib(r.device_total_bytes or 0):.1f} GiB")
     else:
         extra = "peak RSS of the process"
-    lines.append(f"{tag} peak memory: {gib(r['peak_mem_bytes']):.2f} GiB ({extra})")
-    if r["oom"]:
-        lines.append(f"{tag} OUT OF MEMORY: {r['error']}")
-    elif r["error"]:
-        lines.append(f"{tag} FAILED: {r['error']}")
-    if r.get("nonfinite_loss"):
-        lines.append(f"{tag} WARNING: the loss is not finite: {r['losses']}")
-    if r.get("diverged"):
-        lines.append(f"{tag} DIVERGED: {r['diverged']}")
-    if r.get("interrupted_by"):
-        lines.append(f"{tag} INTERRUPTED by {r['interrupted_by']} after {len(r['steps'])} step(s)")
+    lines.append(f"{tag} peak memory: {gib(r.peak_mem_bytes):.2f} GiB ({extra})")
+    if r.oom:
+        lines.append(f"{tag} OUT OF MEMORY: {r.error}")
+    elif r.error:
+        lines.append(f"{tag} FAILED: {r.error}")
+    if r.nonfinite_loss:
+        lines.append(f"{tag} WARNING: the loss is not finite: {r.losses}")
+    if r.diverged:
+        lines.append(f"{tag} DIVERGED: {r.diverged}")
+    if r.interrupted_by:
+        lines.append(f"{tag} INTERRUPTED by {r.interrupted_by} after {len(r.steps)} step(s)")
     return lines
 
 
-def emit(records):
+def emit(results):
     """The ranks' human lines and RESULT lines, in one write so that ranks sharing a log don't interleave."""
-    lines = [line for r in records for line in (*human_lines(r), result_line(r))]
+    lines = [line for r in results for line in (*human_lines(r), result_line(r))]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()

@@ -1,0 +1,157 @@
+"""
+The ranks' results from a results folder's logs, as result.RankResult, and what each run says: whether it
+finished, how, and which runs the criteria set side by side. A run is the list of its ranks' results.
+"""
+import json
+import re
+import signal
+from pathlib import Path
+
+from formatting import EXIT, SIGNALS
+from result import RankResult
+from stages import DENSE, ZERO3, is_own_config
+
+NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
+
+
+def read_results(log):
+    """The results of one log, one per rank that reported, by rank."""
+    # the launcher may put a host name before the line
+    lines = Path(log).read_text(errors="replace").splitlines()
+    found = [RankResult.from_dict(json.loads(line.partition("RESULT ")[2])) for line in lines if "RESULT {" in line]
+    return sorted(found, key=lambda r: r.rank)
+
+
+def read_command(log):
+    """The launch command that run.sh writes as a log's first line."""
+    first_line = Path(log).read_text(errors="replace").partition("\n")[0]
+    return first_line.partition("COMMAND ")[2] or None
+
+
+def read_marks(log):
+    """run.sh's marks in a log: when it launched the run and when the launcher ended, with its exit status."""
+    marks = {}
+    for line in Path(log).read_text(errors="replace").splitlines():
+        word, _, rest = line.partition(" ")
+        if word in ("LAUNCHED", "ENDED") and rest:
+            marks[word.lower()] = float(rest.split()[0])
+            if word == "ENDED":
+                marks["status"] = int(rest.split()[1])
+    return marks
+
+
+# torchrun's account of the first rank that failed: its "Root Cause" block
+ROOT_CAUSE = re.compile(r"Root Cause.*?host\s*:\s*(\S+).*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def dead_rank(log, results):
+    """The rank that the launcher saw end first with a failure, by rank and host, and how it ended; None where
+    the launcher says nothing of one (the deepspeed launcher does not say which rank), or where the first to
+    end gave one of train_gpt.py's own statuses, which its result explains."""
+    found = ROOT_CAUSE.search(Path(log).read_text(errors="replace"))
+    if not found or int(found.group(3)) in [*EXIT.values(), *(128 + n for n in SIGNALS.values())]:
+        return None
+    host, rank, code = found.group(1), int(found.group(2)), int(found.group(3))
+    if host == "localhost" and first(results).env:  # torchrun names a single node so
+        host = first(results).env["host"]
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    return f"rank {rank} on {host} ended first, {how} (the launcher's report)"
+
+
+def natural(name):
+    """Sort key that puts stage3_8ranks before stage3_16ranks."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def load_runs(folder):
+    """{log name: results} for every log in a results folder, in run.sh's order (stage, then ranks)."""
+    return {log.stem: read_results(log) for log in sorted(Path(folder).glob("*.log"), key=lambda p: natural(p.stem))}
+
+
+# -----------------------------------------------------------------------------
+# what each run says
+
+
+def first(results):
+    """Rank 0's result, which holds the run's settings; NOTHING for a run without results."""
+    return results[0] if results else NOTHING
+
+
+def most(values):
+    """The largest of the figures that were measured, or None: per-rank figures are judged at the rank that
+    holds the most."""
+    measured = [v for v in values if v is not None]
+    return max(measured) if measured else None
+
+
+def failed(results):
+    return not results or any(r.oom or r.error for r in results)
+
+
+def oom(results):
+    return any(r.oom for r in results)
+
+
+def status(results):
+    if not results:
+        return "no result"
+    if oom(results):
+        return "OOM"
+    if any(r.error and not r.interrupted_by for r in results):
+        return "error"
+    if first(results).interrupted_by:
+        return f"interrupted by {first(results).interrupted_by} after {len(results[0].steps)} step(s)"
+    if failed(results):
+        return "error"
+    if first(results).diverged:
+        return f"diverged at step {len(results[0].steps)}"
+    missing = results[0].world_size - len(results)
+    return f"ok, {missing} rank(s) missing" if missing else "ok"
+
+
+def offloads(results):
+    return bool(results) and any((results[0].offload or {}).values())
+
+
+def peer(results):
+    """A run of FSDP2, ZeRO-3's peer, rather than of DeepSpeed."""
+    return first(results).engine != "deepspeed"
+
+
+def plain(results):
+    """A DeepSpeed run without offload: what (a) to (c) and the FSDP2 lines compare."""
+    return not offloads(results) and not peer(results)
+
+
+def reference_rank(r):
+    """Stage 0 first; then an eager run before a compiled one, a stage's own config before variants of it, and
+    DeepSpeed before its peer."""
+    return (r.stage != DENSE, bool(r.compile), not is_own_config(r.config, r.stage),
+            r.engine != "deepspeed")
+
+
+def same_compile(a, b):
+    return bool(a[0].compile) == bool(b[0].compile)
+
+
+def pairs(runs):
+    """{world size: (stage-0 results, stage-3 results)}, at each world size the first run of each stage in
+    reference_rank's order (a stage's own config before its variants), the stage-3 run compiled as stage 0's
+    is or not: compiling changes the peak that (b) compares."""
+    found = {}
+    for results in sorted((rs for rs in runs.values() if rs), key=lambda rs: reference_rank(rs[0])):
+        if results[0].stage in (DENSE, ZERO3) and plain(results):
+            dense, zero3 = found.setdefault(results[0].world_size, ([], []))
+            if results[0].stage == DENSE and not dense:
+                dense.extend(results)
+            elif results[0].stage == ZERO3 and not zero3 and (not dense or same_compile(dense, results)):
+                zero3.extend(results)
+    return found
+
+
+def speed_not_measured(runs):
+    """Why speed means nothing in these runs, or None: CPU processes, or ranks that share a GPU."""
+    ranks0 = [rs[0] for rs in runs.values() if rs]
+    if any(r.mem_kind != "cuda" for r in ranks0):
+        return "CPU processes"
+    return "a rehearsal, ranks sharing a GPU" if any(r.rehearsal for r in ranks0) else None

@@ -1,0 +1,45 @@
+"""
+The ZeRO stages in one table: what each one partitions across the ranks, and the config file that selects
+it. The rest of the benchmark asks these names rather than compare stage numbers. torch-free.
+"""
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# What each stage partitions over the ranks (the ZeRO paper's Pos, Pos+g and Pos+g+p); everything else stays
+# whole on every rank. Every check, prediction and explanation reads this table.
+PARTITIONS = {0: frozenset(), 1: frozenset({"optimizer"}), 2: frozenset({"optimizer", "grads"}),
+              3: frozenset({"optimizer", "grads", "params"})}
+DENSE = next(stage for stage, kinds in PARTITIONS.items() if not kinds)  # stage 0: the reference, nothing sharded
+ZERO3 = next(stage for stage, kinds in PARTITIONS.items() if "params" in kinds)  # stage 3: everything sharded
+# Stage N trains with ds_config_stageN.json beside train_gpt.py; a variant of a stage adds to its name
+# (ds_config_stage3_offload.json: "3_offload").
+CONFIG_NAME = "ds_config_stage{}.json"
+
+
+def shards_params(stage):
+    return "params" in PARTITIONS[stage]
+
+
+def shards_nothing(stage):
+    return not PARTITIONS[stage]
+
+
+def splits_one_buffer(stage):
+    """Stages 1 and 2 partition one flat buffer of every parameter's state; stage 3 partitions each tensor."""
+    return bool(PARTITIONS[stage]) and not shards_params(stage)
+
+
+def config_path(name):
+    """The config of a stage (a number) or of a variant ("3_offload")."""
+    return HERE / CONFIG_NAME.format(name)
+
+
+def config_names():
+    """The names that run.sh's --stages takes: every config beside train_gpt.py."""
+    prefix, suffix = CONFIG_NAME.split("{}")
+    return sorted(p.name[len(prefix):-len(suffix)] for p in HERE.glob(CONFIG_NAME.format("*")))
+
+
+def is_own_config(path, stage):
+    """Whether a config is its stage's own, rather than a variant of it."""
+    return Path(path).name == CONFIG_NAME.format(stage)
