@@ -170,7 +170,7 @@ def saved_weights_bytes(stage, engine, width, world, layers, block, checkpoint, 
 # Measured, not derived: what a CUDA rank holds once it has stepped besides its model states and buffers, the
 # same at every stage, micro batch and rank count (cuBLAS's workspaces, which torch allocates through its caching
 # allocator at the first matmul, and small tensors). In every run of benchmarks/logs/h200/24-peaks, memory
-# allocated after the last step less the counted states and buffers: 70.7 to 72.9 MB.
+# allocated after the last step less the predicted states and buffers: 69.2 to 72.5 MB.
 WORKSPACE_BYTES = 72 * 10**6
 
 
