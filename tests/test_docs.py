@@ -72,3 +72,20 @@ def test_every_relative_link_of_the_docs_resolves():
     broken = [f"{page.relative_to(ROOT)}: {target}" for page in pages for target in relative_links(page)
               if not (page.parent / target).exists()]
     assert broken == []
+
+
+def anchors(page):
+    """The #anchors that GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_anchor_of_the_docs_names_a_heading():
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+    targets = [(page, target) for page in pages
+               for target in LINK.findall(re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
+               if "#" in target and not re.match(r"[a-z]+:", target)]
+    missing = [f"{page.relative_to(ROOT)}: {target}" for page, target in targets
+               if target.partition("#")[2] not in anchors((page.parent / target.partition("#")[0]).resolve()
+                                                          if target.partition("#")[0] else page)]
+    assert targets and missing == []
