@@ -50,17 +50,17 @@ def format_table(rows):
     return "\n".join(line.rstrip() for line in lines)
 
 
-def other_bytes(records, breakdown="model_state_breakdown"):
+def other_bytes(results, breakdown="model_state_breakdown"):
     """The most any rank holds in tensors that are not model states, on the device or (host_state_breakdown)
     in host memory."""
-    return max((getattr(r, breakdown)["other"] for r in records if getattr(r, breakdown)), default=None)
+    return max((getattr(r, breakdown)["other"] for r in results if getattr(r, breakdown)), default=None)
 
 
-def rank_table(records):
+def rank_table(results):
     """One row per rank of one run: what it partitioned and what it holds."""
     rows = [("rank", "partitioned/total", "local elems", "model states", "predicted", "diff", "other tensors",
              "peak", "status")]
-    for r in records:
+    for r in results:
         measured, predicted = r.model_state_bytes, r.predicted_model_state_bytes
         rows.append((r.rank, f"{fmt(r.partitioned_tensors, 'd')}/{fmt(r.param_tensors, 'd')}",
                      fmt(r.local_param_elems, ","), fmt(measured or None, "bytes"),

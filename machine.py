@@ -220,7 +220,7 @@ def peak_tflops(device, dtype):
 
 
 def environment(device):
-    """What the run ran on, for the record of each run."""
+    """What the run ran on, for each rank's result."""
     env = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
            "deepspeed": deepspeed.__version__, "cuda": torch.version.cuda, "gpus_on_host": torch.cuda.device_count(),
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"}

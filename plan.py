@@ -22,6 +22,7 @@ from accounting import predict
 from accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
 from formatting import EXIT, format_table, gib
 from options import BadInput, at_least, positive  # the same checks as train_gpt.py's inputs
+from result import RankResult
 
 HERE = Path(__file__).resolve().parent
 DTYPE = "bf16"  # the plan is of 16-bit training, the precision the peak FLOP/s below are for
@@ -212,41 +213,43 @@ def resolve_model(args):
                  shape.padded_vocab * shape.d_model)
 
 
-def run_figures(records):
-    """One run's figures, each the median over its ranks."""
-    def median(key):
-        values = [r.get(key) for r in records if isinstance(r.get(key), (int, float))]
+def run_figures(results):
+    """One run's figures, each the median over its ranks; the link's at the size of the old probe, 256 MiB."""
+    def median(values):
+        values = [v for v in values if isinstance(v, (int, float))]
         return statistics.median(values) if values else None
-    return {key: median(key) for key in ("mfu", "link_busbw", "device_total_bytes", "peak_tflops")}
+    return {"mfu": median(r.mfu for r in results), "link_busbw": median(r.link_busbw_at(1 << 28) for r in results),
+            "device_total_bytes": median(r.device_total_bytes for r in results),
+            "peak_tflops": median(r.peak_tflops for r in results)}
 
 
 def measured(folder):
-    """What a results folder's summary.json (report.py: "results", each run's RESULT records) says of the machine,
+    """What a results folder's summary.json (its "results": each run's RESULT lines) says of the machine,
     as {input: (value, source)}. The MFU is the best run's, the one that lost least to communication, and a
     third higher where it checkpointed, since --mfu counts the recomputed FLOPs; its all-gather's bus bandwidth
     is within a node if all its ranks were on one."""
     try:
         runs = json.loads((folder / "summary.json").read_text())["results"]
-        records = {name: [r for r in rs if isinstance(r, dict)] for name, rs in runs.items()}
+        results = {name: [RankResult.from_dict(r) for r in rs if isinstance(r, dict)] for name, rs in runs.items()}
     except OSError as e:
         raise BadInput(f"--from {folder}: cannot read summary.json: {e.strerror}") from None
     except (ValueError, KeyError, TypeError, AttributeError):
         raise BadInput(f"--from {folder}: summary.json holds no results") from None
     found, source = {}, f"measured in {folder}"
-    figures = {name: run_figures(rs) for name, rs in records.items() if rs}
+    figures = {name: run_figures(rs) for name, rs in results.items() if rs}
     best = max((n for n in figures if figures[n]["mfu"]), key=lambda n: figures[n]["mfu"], default=None)
     if best:
-        recompute = 4 / 3 if records[best][0].get("checkpoint") else 1
+        recompute = 4 / 3 if results[best][0].checkpoint else 1
         found["mfu"] = (min(1.0, figures[best]["mfu"] * recompute), f"{source} ({best})")
     for name, f in figures.items():
-        one_node = all(r.get("world_size", 0) <= (r.get("ranks_per_node") or 0) for r in records[name])
+        one_node = all((r.world_size or 0) <= (r.ranks_per_node or 0) for r in results[name])
         if f["link_busbw"]:
             found.setdefault("intra_busbw_gbs" if one_node else "inter_busbw_gbs", (f["link_busbw"] / 1e9, source))
         if f["device_total_bytes"]:
             found.setdefault("gpu_mem_gib", (gib(f["device_total_bytes"]), source))
         if f["peak_tflops"]:
             found.setdefault("peak_tflops", (f["peak_tflops"], source))
-    devices = sorted({(r.get("env") or {}).get("device") for rs in records.values() for r in rs} - {None})
+    devices = sorted({(r.env or {}).get("device") for rs in results.values() for r in rs} - {None})
     return found, ", ".join(devices) or None
 
 

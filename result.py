@@ -34,7 +34,7 @@ def model_states_of(breakdown):
 class RankResult:
     """One rank's result, built once as the rank starts (options.Run's fields first) and filled as it runs; a
     rank that fails keeps what it got. as_dict is its RESULT line; from_dict reads one back."""
-    # the run: options.Run's fields, the same names (tests/test_record.py holds the two together)
+    # the run: options.Run's fields, the same names (tests/test_summary.py holds the two together)
     stage: int = None
     engine: str = "deepspeed"  # or "fsdp2": PyTorch's fully_shard as ZeRO-3's peer
     model: str = None
@@ -113,11 +113,11 @@ class RankResult:
     steps: list = field(default_factory=list)  # per step: step, loss, lr, time_s, the memory snapshot, comm
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
-    link_busbw: float = None  # bytes per second that an all-gather of 256 MiB achieved alone, after training
+    link_busbw: dict = None  # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
 
     @classmethod
     def from_dict(cls, d):
-        """A RESULT line's record; its figures are worked out again, and keys it does not know (a figure, or
+        """A RESULT line's result; its figures are worked out again, and keys it does not know (a figure, or
         a field of an older or newer version) are passed over."""
         return cls(**{k: v for k, v in d.items() if k in FIELDS})
 
@@ -189,6 +189,13 @@ class RankResult:
             return None
         return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
                 if t and self.comm_bytes[kind] >= BUSBW_MIN_BYTES else None for kind, t in seconds.items()}
+
+    def link_busbw_at(self, nbytes) -> float:
+        """The link's bus bandwidth for messages of nbytes, read off its curve between the sizes probed (log-linear),
+        at the nearest end beyond them; logs from before the curve hold one figure, at 256 MiB."""
+        curve = self.link_busbw if isinstance(self.link_busbw, dict) else (
+            {str(1 << 28): self.link_busbw} if self.link_busbw else None)
+        return predict.read_curve({int(k): v for k, v in curve.items()}, nbytes) if curve else None
 
     def tokens_per_step(self) -> int:
         return self.world_size * self.micro_batch * self.seq

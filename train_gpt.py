@@ -316,7 +316,7 @@ def build_and_train(run, config, tokens, r, device):
     train(engine, run, tokens, device, r)
     r.timing["trained"] = time.time()
     if not Stop.reason:
-        r.link_busbw = comms.link_alone(device, r)  # after the last step's memory is recorded
+        r.link_busbw = comms.link_curve(device, r)  # after the last step's memory is recorded
     r.timing["probed"] = time.time()
 
 

@@ -118,27 +118,46 @@ def step(device, profiled):
     found.update(comm=COUNTER.take(), comm_s=kernel_seconds(prof) if prof else None)
 
 
-def link_alone(device, r, nbytes=1 << 28, repeats=5):
-    """The bus bandwidth of an all-gather of nbytes with nothing else running, as nccl-tests measures it, in
-    bytes per second: about what the link gives collectives of this size. None without NCCL between GPUs,
-    under a memory cap, or where its 1.5 x nbytes do not fit; its memory is left out of the run's peak."""
-    world = torch.distributed.get_world_size()
-    if device.type != "cuda" or r.rehearsal or r.max_mem_gib or world < 2:
-        return None
-    elems = nbytes // 2 // world * world  # bf16, in equal shards
+# The sizes at which the link is probed, as nccl-tests' `-b 1M -e 1G -f 2`: an all-gather's gathered bytes
+LINK_SIZES = tuple(2**k for k in range(20, 31))
+WARMUP, ITERS = 5, 20  # nccl-tests' defaults
+
+
+def gather_seconds(device, nbytes, world):
+    """The seconds of one all-gather of nbytes (its gathered output, in bf16) with nothing else running, out
+    of place, averaged over ITERS after WARMUP, as nccl-tests times it; None where it does not fit."""
+    elems = nbytes // 2 // world * world
     try:
         gathered = torch.empty(elems, dtype=torch.bfloat16, device=device)
         mine = gathered.chunk(world)[torch.distributed.get_rank()].clone()
-        torch.distributed.all_gather_into_tensor(gathered, mine)  # sets up NCCL's buffers for this size
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
+        for _ in range(WARMUP):  # the first call also sets up NCCL's buffers for this size
             torch.distributed.all_gather_into_tensor(gathered, mine)
-        torch.cuda.synchronize()
-        seconds = (time.perf_counter() - start) / repeats
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(ITERS):
+            torch.distributed.all_gather_into_tensor(gathered, mine)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / ITERS
     except compat.OutOfMemoryError:
         return None
     finally:
         gathered = mine = None
-        torch.cuda.reset_peak_memory_stats(device)
-    return predict.bus_bandwidth("all_gather", 2 * elems, seconds, world)
+
+
+def link_curve(device, r):
+    """The link as a curve: the bus bandwidth of an all-gather alone at each of LINK_SIZES, as nccl-tests'
+    all_gather_perf gives it, in bytes per second by message bytes (a string: JSON's keys are). None without
+    NCCL between GPUs or under a memory cap; it stops at the first size that does not fit, and its memory is
+    left out of the run's peak."""
+    world = torch.distributed.get_world_size()
+    if device.type != "cuda" or r.rehearsal or r.max_mem_gib or world < 2:
+        return None
+    curve = {}
+    for nbytes in LINK_SIZES:
+        seconds = gather_seconds(device, nbytes, world)
+        if seconds is None:
+            break
+        curve[str(nbytes)] = predict.bus_bandwidth("all_gather", nbytes // 2 // world * world * 2, seconds, world)
+    torch.cuda.reset_peak_memory_stats(device)
+    return curve or None

@@ -342,3 +342,15 @@ def step_seconds(compute, comm, layers):
     alone = 1 / layers if layers else 0
     overlapped = sum(max(compute[p], (1 - alone) * in_pass[p]) + alone * in_pass[p] for p in compute) + after
     return {"serial": sum(compute.values()) + sum(s for _, s in comm), "overlapped": overlapped}
+
+
+def read_curve(curve, x):
+    """A curve {x: y} read at x: log-linear between its points, its nearest end beyond them."""
+    xs = sorted(curve)
+    if x <= xs[0] or x >= xs[-1]:
+        return curve[xs[0] if x <= xs[0] else xs[-1]]
+    hi = next(i for i, v in enumerate(xs) if v >= x)
+    lo = hi - 1
+    w = (math.log(x) - math.log(xs[lo])) / (math.log(xs[hi]) - math.log(xs[lo]))
+    return curve[xs[lo]] + w * (curve[xs[hi]] - curve[xs[lo]])
+

@@ -1,4 +1,5 @@
-"""README.md names only options that the scripts take and files that the repository holds."""
+"""README.md names only options that the scripts take and files that the repository holds, and every relative
+link of README.md, BENCHMARKS.md and docs/ leads to a file or folder of the repository."""
 import re
 import subprocess
 import sys
@@ -54,3 +55,37 @@ def test_every_option_the_readme_names_is_taken(options_taken):
 def test_every_file_the_readme_names_is_in_the_repository():
     named = {path for span in code_spans() for path in repo_paths(span)}
     assert named and sorted(p for p in named if not list(ROOT.glob(p.rstrip("/")))) == []
+
+
+# [text](target) and ![alt](target), a target without spaces; an optional "title" after it
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def relative_links(page):
+    """The targets of a page's links that point into the repository, less their #anchor."""
+    targets = LINK.findall(re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
+    return [t.partition("#")[0] for t in targets if not re.match(r"[a-z]+:|#", t)]
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = [f"{page.relative_to(ROOT)}: {target}" for page in pages for target in relative_links(page)
+              if not (page.parent / target).exists()]
+    assert broken == []
+
+
+def anchors(page):
+    """The #anchors that GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", page.read_text(), flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_anchor_of_the_docs_names_a_heading():
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+    targets = [(page, target) for page in pages
+               for target in LINK.findall(re.sub(r"```.*?```", "", page.read_text(), flags=re.S))
+               if "#" in target and not re.match(r"[a-z]+:", target)]
+    missing = [f"{page.relative_to(ROOT)}: {target}" for page, target in targets
+               if target.partition("#")[2] not in anchors((page.parent / target.partition("#")[0]).resolve()
+                                                          if target.partition("#")[0] else page)]
+    assert targets and missing == []

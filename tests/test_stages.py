@@ -2,6 +2,7 @@
 that only stage 3 can fit."""
 import pytest
 
+import report
 import result
 from reporting import reading
 from conftest import planted

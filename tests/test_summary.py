@@ -1,4 +1,5 @@
 """What a run leaves behind: summary.json, summary.md, memory.png; comparing two runs; progress lines."""
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -6,6 +7,7 @@ import sys
 
 import pytest
 
+import options
 import report
 import result
 from reporting import compare, tables
@@ -170,3 +172,13 @@ def test_summary_json_stays_valid_json_when_the_loss_diverges(run_sh, tmp_path):
     log.write_text(log.read_text().replace('"first_loss": ', '"first_loss": NaN, "was": '))
     report.main(["--write", str(folder)])
     json.loads((folder / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))
+
+
+def test_a_rank_result_begins_with_every_setting_of_the_run_in_its_order():
+    run = [f.name for f in dataclasses.fields(options.Run)]
+    assert [f.name for f in dataclasses.fields(result.RankResult)][:len(run)] == run
+
+
+def test_a_result_line_reads_back_as_the_same_result():
+    r = result.RankResult(stage=3, rank=1, world_size=2, micro_batch=2, seq=8, steps=[{"step": 1, "loss": 5.0, "time_s": 0.5}])
+    assert result.RankResult.from_dict(json.loads(result.result_line(r)[len("RESULT "):])) == r
