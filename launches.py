@@ -12,7 +12,6 @@ A stage is a number or the rest of a config's name (3_offload is ds_config_stage
 (fsdp2) runs last, on stage 3's config. With one GPU and no RANKS, the ranks rehearse REHEARSED_RANKS on it:
 one rank has nothing to shard across. Bad input: one line on stderr, exit 2.
 """
-import math
 import shlex
 import sys
 from pathlib import Path
@@ -60,18 +59,11 @@ def checked(argv, ranks):
 
 
 def stage3_peak(run, config, ranks):
-    """The predicted peak of one stage-3 rank of ranks: its share of the model states, the parameters gathered
-    ahead, the larger of the activations and the step's fp32 gradients, and the CUDA context."""
-    shape, zero = train_gpt.PRESETS[run.model], config.get("zero_optimization", {})
-    params = shape.params
-    shard = math.ceil(params / ranks)
-    states = sum(predict.model_states(3, run.dtype, params, shard).values())
-    activations = predict.activation_bytes(shape, run.dtype, run.micro_batch, run.seq, run.checkpoint, True,
-                                           LOSS_CHUNK)
-    sub_group = predict.sub_group_elems(zero, shape.padded_vocab * shape.d_model, ranks)
-    transient = predict.step_transient_bytes(3, run.dtype, shard, False, sub_group=sub_group)
-    prefetch = predict.WIDTH[run.dtype] * predict.zero_setting(zero, "stage3_prefetch_bucket_size")
-    return predict.peak_bytes(states, 0, prefetch, activations, transient) + CONTEXT_BYTES
+    """The predicted peak of one stage-3 rank of ranks (predict.rank_memory) and the CUDA context."""
+    zero = config.get("zero_optimization", {})
+    return predict.rank_memory(stages.ZERO3, "deepspeed", run.dtype, ranks, train_gpt.PRESETS[run.model].params,
+                               zero, train_gpt.PRESETS[run.model], micro_batch=run.micro_batch, seq=run.seq,
+                               checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK)["peak"] + CONTEXT_BYTES
 
 
 def rehearsal(argv):

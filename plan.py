@@ -71,23 +71,14 @@ def offloads(setup, args):
 
 
 def memory(setup, model, args, world, zero):
-    """One rank's bytes: model states on the device and on the host, activations, gathered weights, the
-    optimizer step's fp32 gradients, and the peak (record.add_predictions' sum, with no other tensors)."""
+    """One rank's bytes by term and its peak: predict.rank_memory, as for a RESULT, with the parameters
+    partitioned evenly and no persistent ones."""
     stage, engine = SETUPS[setup]
-    offloaded = offloads(setup, args)
-    shard = predict.shard_elems(stage, model.params, model.params / world, world)
-    states = predict.model_states(stage, DTYPE, model.params, shard, engine=engine)
-    on_host = predict.host_kinds({"optimizer": offloaded, "param": None})
-    device = sum(v for k, v in states.items() if k not in on_host)
-    activations = predict.activation_bytes(model.shape, DTYPE, args.micro_batch, args.seq, args.checkpoint, True,
-                                           LOSS_CHUNK) if model.shape else 0
-    sub_group = predict.sub_group_elems(zero, model.embedding, world) if stages.shards_params(stage) else None
-    transient = predict.step_transient_bytes(stage, DTYPE, shard, offloaded, engine, sub_group)
-    gathered = predict.gathered_bytes(stage, engine, WIDTH, model.block, model.embedding, model.root,
-                                      predict.zero_setting(zero, "stage3_prefetch_bucket_size"))
-    return {"states": device, "host_states": sum(states.values()) - device, "activations": activations,
-            "gathered": gathered, "transient": transient,
-            "peak": predict.peak_bytes(device, 0, gathered, activations, transient)}
+    offload = {"optimizer": "cpu" if offloads(setup, args) else None, "param": None}
+    m = predict.rank_memory(stage, engine, DTYPE, world, model.params, zero, model.shape, block=model.block,
+                            root=model.root, largest=model.embedding, micro_batch=args.micro_batch, seq=args.seq,
+                            checkpoint=args.checkpoint, loss_chunk=LOSS_CHUNK, offload=offload)
+    return {k: v for k, v in m.items() if k != "breakdown"}
 
 
 def timing(setup, model, args, world):
@@ -334,8 +325,10 @@ def comm_table(p):
 
 
 NOTES = [
-    "memory per GPU in GiB: peak = model states + weights gathered at stage 3 + the larger of the activations and",
-    "  the optimizer step's fp32 gradients (accounting/predict.py); buffers and the allocator's slack are not counted",
+    "memory per GPU in GiB: peak = what a rank holds throughout (model states, less the gradients freed between",
+    "  steps, stage 3's bucket, cuBLAS's workspace) + the most of backward's start (weights gathered, activations),",
+    "  its end (gradients, one block) and the optimizer step (gradients, their fp32 copy): accounting/predict.py's",
+    "  rank_memory, within 1% of every H200 run in benchmarks/logs/h200/24-peaks; the allocator's slack is not counted",
     "compute: (6 x params + 12 x layers x d_model x seq) FLOPs per token (PaLM), a third more with checkpointing",
     "  (the recomputed forward), at MFU x peak: --mfu counts the recomputed FLOPs as work done",
     "step: serial = compute + every collective; overlapped = per pass the longer of its compute and its collectives,",

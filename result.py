@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field, fields
 import options
 from accounting import explain, predict
 from formatting import EXIT, SIGNALS, fmt, gib, pct, relative_error, size
-from stages import shards_params
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
@@ -240,27 +239,21 @@ def held_bytes(r):
 
 def add_predictions(r, shape, loss_chunk, zero):
     """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
-    optimizer step's fp32 gradients and the peak, against which the measurement is judged; zero is the
-    config's zero_optimization section."""
+    optimizer step's fp32 gradients and the peak (predict.rank_memory, from this rank's counts), against which
+    the measurement is judged; zero is the zero_optimization section as DeepSpeed read it."""
     shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
-    r.predicted_breakdown = predict.model_states(r.stage, r.dtype, r.params_total, shard, r.persistent_elems, r.engine)
-    on_host = predict.host_kinds(r.offload) if r.mem_kind == "cuda" else []  # without GPUs, one memory
-    kept = predict.WIDTH[r.dtype] * r.persistent_elems if "params" in on_host else 0  # persistent stay on the GPU
-    r.predicted_model_state_bytes = sum(v for k, v in r.predicted_breakdown.items() if k not in on_host) + kept
-    r.predicted_host_state_bytes = sum(v for k, v in r.predicted_breakdown.items() if k in on_host) - kept
+    flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
+    m = predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, r.params_total, zero, shape, shard=shard,
+                            persistent=r.persistent_elems, largest=r.largest_param_elems, micro_batch=r.micro_batch,
+                            seq=r.seq, checkpoint=r.checkpoint, flash=flash, loss_chunk=loss_chunk, offload=r.offload,
+                            on_gpu=r.mem_kind == "cuda")  # without GPUs, one memory
+    r.predicted_breakdown = m["breakdown"]
+    r.predicted_model_state_bytes, r.predicted_host_state_bytes = m["states"], m["host_states"]
     r.deepspeed_estimate = predict.deepspeed_estimate(r.stage, r.params_total, r.largest_param_elems,
                                                       r.ranks_per_node, r.world_size // r.ranks_per_node,
                                                       r.offload) if r.engine == "deepspeed" else None
-    flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
-    r.activation_estimate_bytes = predict.activation_bytes(shape, r.dtype, r.micro_batch, r.seq, r.checkpoint,
-                                                           flash, loss_chunk)
-    sub_group = predict.sub_group_elems(zero, r.largest_param_elems, r.world_size) if shards_params(r.stage) else None
-    r.step_transient_bytes = predict.step_transient_bytes(r.stage, r.dtype, shard, bool(r.offload["optimizer"]),
-                                                          r.engine, sub_group)
-    prefetch_elems = predict.zero_setting(zero, "stage3_prefetch_bucket_size")
-    prefetch = predict.WIDTH[r.dtype] * prefetch_elems if shards_params(r.stage) else 0
-    r.predicted_peak_bytes = predict.peak_bytes(r.predicted_model_state_bytes, r.model_state_breakdown["other"],
-                                                prefetch, r.activation_estimate_bytes, r.step_transient_bytes)
+    r.activation_estimate_bytes, r.step_transient_bytes = m["activations"], m["transient"]
+    r.predicted_peak_bytes = m["peak"]
 
 
 def add_shares(r):
@@ -284,7 +277,7 @@ def finish(r, shape, loss_chunk, zero, memory_now):
     r.mem_after_init_bytes = (r.memory_at_start or {}).get("allocated_bytes")
     r.device_total_bytes = memory_now.get("device_total_bytes")
     if r.model_state_breakdown:
-        add_predictions(r, shape, loss_chunk, zero)
+        add_predictions(r, shape, loss_chunk, r.zero_config or zero)  # as DeepSpeed read it, where it did
         add_shares(r)
         r.differences = explain.differences(r, held_bytes(r))
 

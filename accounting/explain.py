@@ -54,9 +54,9 @@ def peak_gap(r):
     if r.mem_kind != "cuda" or abs(r.peak_mem_bytes / r.predicted_peak_bytes - 1) <= EXPLAIN_BEYOND:
         return []
     return [f"peak: {size(r.peak_mem_bytes)} measured against {size(r.predicted_peak_bytes)} estimated from "
-            f"model states, other tensors {size(r.model_state_breakdown['other'])}, parameters gathered ahead, and "
-            f"the larger of activations {size(r.activation_estimate_bytes)} and the step's fp32 gradients "
-            f"{size(r.step_transient_bytes)}"]
+            f"model states, buffers and gathered weights, and the most of backward's start (activations "
+            f"{size(r.activation_estimate_bytes)}), its end and the step (its fp32 gradients "
+            f"{size(r.step_transient_bytes)})"]
 
 
 def differences(r, held):

@@ -83,6 +83,7 @@ def owned_values(p, rank):
     return p.ds_tensor.flatten()[: max(0, min(shard, p.ds_numel - rank * shard))], rank * shard
 
 
+@torch.no_grad()  # FSDP2's local shards require grad: with autograd on, the sum kept 8 bytes a weight
 def weights_checksum(model, rank, device):
     """A sum of every weight of the model, each multiplied by a factor that depends on its tensor and its
     place in it, from the elements each rank owns. It matches stage 0's only if the shards of all ranks

@@ -71,19 +71,39 @@ def deepspeed_estimate(stage, total, largest, ranks_per_node, nodes, offload):
     return {"device": layer + int(18 * total / gpus), "host_per_node": int(largest * 4 * ranks_per_node * buffer)}
 
 
+def block_activation_bytes(shape, width, tokens, seq, flash):
+    """What one block of model.py saves for backward: 16 values of d_model per token in the training dtype
+    (ln_1's input, qkv's input, q, k and v, attention's output, which proj takes as it is, ln_2's input, fc's
+    input, GELU's input and mlp.proj's input, 4 d_model each), the two LayerNorms' fp32 mean and rstd, and
+    flash attention's fp32 logsumexp per head: Korthikanti et al.'s 34 per token and d_model, less the two
+    dropout masks that this model lacks. Without a fused attention kernel SDPA's math path keeps its softmax too,
+    one value per score. Counted with saved_tensors_hooks on a block in bf16 on a CPU (tests/test_accounting.py)."""
+    per_token = width * 16 * shape.d_model + 2 * 2 * 4 + (4 * shape.heads if flash else 0)
+    return tokens * per_token + (0 if flash else width * shape.heads * seq * tokens)
+
+
+def output_layer_bytes(shape, width, tokens, loss_chunk):
+    """The most that backward holds for the layers above the blocks, on top of what the blocks keep: ln_f's
+    input and output (the output layer's input), the logits, kept for the loss recomputed chunk by chunk, and
+    their gradient, chunk by chunk, as the split's backward joins it into one tensor: 2 x the logits while the
+    logits are freed, with one chunk's fp32 logits, log-softmax and their gradients (16 bytes a logit)."""
+    return 2 * width * tokens * shape.d_model + (2 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
+
+
 def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk):
-    """Activations saved for backward, after Korthikanti et al. (2022): 34 bytes per token and model
-    dimension per layer in 16 bits, plus 5 per attention score unless flash attention keeps none; with
-    checkpointing, each layer's input only, plus one layer recomputed. Then the logits during backward:
-    kept for the loss's recomputation, their gradient in chunks and as one tensor, and one chunk's fp32 copy,
-    log-softmax and their gradients. shape: layers, heads, d_model and the padded vocabulary."""
+    """The activations when backward starts, their most: every block's saved tensors, or with checkpointing each
+    block's input only, and the output layer's backward (output_layer_bytes); with checkpointing, a block
+    recomputed during backward instead where it holds more than the output layer (not at 1.3b)."""
     width, tokens = WIDTH[dtype], micro_batch * seq
-    layer = width / 2 * (34 * tokens * shape.d_model + (0 if flash else 5 * shape.heads * seq * tokens))
-    blocks = shape.layers * width * tokens * shape.d_model + layer if checkpoint else shape.layers * layer
-    return blocks + (3 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
+    block = block_activation_bytes(shape, width, tokens, seq, flash)
+    output = output_layer_bytes(shape, width, tokens, loss_chunk)
+    if checkpoint:
+        return shape.layers * width * tokens * shape.d_model + max(output, block)
+    return shape.layers * block + output
 
 
-DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7}
+DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7, "reduce_bucket_size": 5e8,
+                      "memory_efficient_linear": True}
 
 
 def zero_setting(zero, key):
@@ -105,21 +125,117 @@ def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deeps
     return 0 if optimizer_offloaded or steps_on_grads else MASTER_BYTES * min(shard, sub_group or shard)
 
 
-def peak_bytes(states, other, prefetch, activations, transient):
-    """The device's peak: model states and the other resident tensors (buckets), the parameters that
-    stage 3 gathers ahead, and the larger of the activations and the optimizer step's fp32 gradients,
-    which never coexist."""
-    return states + other + prefetch + max(activations, transient)
+def frees_grads(stage, engine):
+    """Whether the gradients are freed after each step and made anew in backward, rather than kept in a buffer:
+    so at the H200 runs (benchmarks/logs/h200/24-peaks: memory allocated after a step) by FSDP2 (zero_grad sets
+    them to None) and by DeepSpeed at stage 0, while stage 3 keeps its partition in one flat buffer. Stages 1
+    and 2 are taken to keep theirs (DeepSpeed's flat partitions); no run has measured it."""
+    return engine == "fsdp2" or shards_nothing(stage)
 
 
-def gathered_bytes(stage, engine, width, block, embedding, root, prefetch):
+def buffer_bytes(stage, engine, width, zero):
+    """Buffers that DeepSpeed's stage 3 keeps besides the model states: its gradient bucket of
+    reduce_bucket_size elements in the training dtype (the census's "other": 100.0 MB at 5e7 in bf16, in
+    every stage-3 run of 24-peaks). None counted elsewhere: the census finds 16 kB at stage 0 and FSDP2."""
+    return width * zero_setting(zero, "reduce_bucket_size") if shards_params(stage) and engine == "deepspeed" else 0
+
+
+def gathered_bytes(stage, engine, width, world, block, embedding, root, prefetch):
     """The 16-bit weights that stage 3 holds gathered at once, on top of its shards: DeepSpeed the module it
     computes (a whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket
-    ahead of it; FSDP2 its root module (embeddings, final norm), which it keeps from forward into backward, the
-    block it computes and the next one, prefetched. None at stages 0 to 2, which keep the weights whole."""
+    ahead of it, but nothing on one rank, where a gathered parameter is its partition (_no_gather_coalesced);
+    FSDP2, even on one rank, as it casts them from its fp32 shards, its root module (embeddings, final norm),
+    kept from forward into backward, the block it computes and the next one, prefetched. None at stages 0 to 2,
+    which keep the weights whole."""
     if not shards_params(stage):
         return 0
-    return width * (root + 2 * block if engine == "fsdp2" else max(block, embedding) + prefetch)
+    if engine == "fsdp2":
+        return width * (root + 2 * block)
+    return width * (max(block, embedding) + prefetch) if world > 1 else 0
+
+
+def saved_weights_bytes(stage, engine, width, world, layers, block, checkpoint, zero):
+    """The gathered 16-bit weights that autograd keeps for backward at stage 3 on more than one rank, without
+    checkpointing and with torch's own linear layer (memory_efficient_linear false, as ds_config_stage3.json
+    has it): each Linear saves its weight, and DeepSpeed's release cannot free a storage that autograd still
+    holds, so every block's weights are gathered when backward starts. With DeepSpeed's linear, which saves
+    the parameter rather than its data, or with checkpointing, whose forward saves nothing, none. On 2 H200s
+    (benchmarks/logs/h200x2/13-fsdp2/15-final5, today's config) stage 3 without checkpointing peaked 2.3 GiB above
+    the rest of this prediction at micro batch 2 and 16 alike: 24 blocks in bf16 are 2.25 GiB."""
+    keeps = (shards_params(stage) and engine == "deepspeed" and world > 1 and not checkpoint
+             and not zero_setting(zero, "memory_efficient_linear"))
+    return width * layers * block if keeps else 0
+
+
+# Measured, not derived: what a CUDA rank holds once it has stepped besides its model states and buffers, the
+# same at every stage, micro batch and rank count (cuBLAS's workspaces, which torch allocates through its caching
+# allocator at the first matmul, and small tensors). In every run of benchmarks/logs/h200/24-peaks, memory
+# allocated after the last step less the predicted states and buffers: 69.2 to 72.5 MB.
+WORKSPACE_BYTES = 72 * 10**6
+
+
+def peak_bytes(held, gathered, activations, freed_grads, last_block, transient, saved_weights=0):
+    """A rank's peak, the most of three moments, on top of what it holds throughout (held: the model states
+    and buffers, less the gradients it frees between steps, and the workspace):
+    - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes) and the
+      activations (activation_bytes); no gradient is made yet;
+    - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights gathered
+      and the first block's activations, whose backward comes last;
+    - the optimizer step: the gradients and the fp32 ones that the step makes (transient).
+    Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
+    linearly from one end to the other, so their most is at an end."""
+    return held + max(gathered + saved_weights + activations, freed_grads + gathered + last_block,
+                      freed_grads + transient)
+
+
+def reserved_bytes(memory):
+    """The least that PyTorch's caching allocator reserves, as torchtitan reports memory (max_reserved): the
+    peak, and the gradients that a rank frees after each step, whose cached blocks the next forward's larger
+    activations cannot reuse. At 24-peaks FSDP2's reserved exceeded its allocated peak by 3.9 to 6.7 GB on one
+    rank, its gradients being 5.3 GB, where stage 3, which keeps them, exceeded it by 0.3 to 1.4 GB.
+    Fragmentation besides is not predicted. memory: rank_memory's terms."""
+    return memory["peak"] + memory["freed_grads"]
+
+
+NO_OFFLOAD = {"optimizer": None, "param": None}
+
+
+def rank_memory(stage, engine, dtype, world, params, zero, shape=None, *, shard=None, persistent=0, largest=None,
+                block=None, root=None, micro_batch=0, seq=0, checkpoint=False, flash=True, loss_chunk=1,
+                offload=NO_OFFLOAD, on_gpu=True):
+    """One rank's memory in bytes, by term, and its predicted peak: the one formula that the RESULT records, the
+    plan and the rehearsal's sizing use. params: the model's; shard: this rank's partition (counted, with
+    padding; ceil(params / world) by default); persistent: elements stage 3 keeps whole besides; largest: the
+    largest tensor's (the sub-group's overrun; the embedding by default); block and root: one block's elements
+    and those outside the blocks (the shape's by default). Without a shape, no activations. on_gpu: False where
+    host and device are one memory (CPU runs), which have no workspace."""
+    width = WIDTH[dtype]
+    embedding = shape.padded_vocab * shape.d_model if shape else 0
+    block = (shape.block_params if shape else 0) if block is None else block
+    root = (shape.root_params if shape else 0) if root is None else root
+    largest = embedding if largest is None else largest
+    shard = shard_elems(stage, params, math.ceil(params / world), world) if shard is None else shard
+    states = model_states(stage, dtype, params, shard, persistent, engine)
+    on_host = host_kinds(offload) if on_gpu else []
+    kept = width * persistent if "params" in on_host else 0  # persistent parameters stay on the GPU
+    device = sum(v for k, v in states.items() if k not in on_host) + kept
+    freed = states["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
+    sub_group = sub_group_elems(zero, largest, world) if shards_params(stage) else None
+    tokens = micro_batch * seq
+    m = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
+         "buffers": buffer_bytes(stage, engine, width, zero), "workspace": WORKSPACE_BYTES if on_gpu else 0,
+         "freed_grads": freed,
+         "gathered": gathered_bytes(stage, engine, width, world, block, embedding, root,
+                                    zero_setting(zero, "stage3_prefetch_bucket_size")),
+         "saved_weights": saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0, block,
+                                              checkpoint, zero),
+         "activations": activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0,
+         "last_block": block_activation_bytes(shape, width, tokens, seq, flash) if shape else 0,
+         "transient": step_transient_bytes(stage, dtype, shard, bool(offload["optimizer"]), engine, sub_group)}
+    m["held"] = m["states"] - freed + m["buffers"] + m["workspace"]
+    m["peak"] = peak_bytes(m["held"], m["gathered"], m["activations"], freed, m["last_block"], m["transient"],
+                           m["saved_weights"])
+    return m
 
 
 def shares(states, whole):

@@ -91,7 +91,9 @@ def test_torchtitans_tokens_per_gpu_fall_from_8_to_128_gpus_as_planned_within_2_
 def test_torchtitans_memory_drop_from_8_to_128_gpus_is_planned_within_10_percent(capsys):
     planned_rows = torchtitan_plan(capsys)
     published = TORCHTITAN[8][1] - TORCHTITAN[128][1]  # 15.4 GiB
-    drop = (planned_rows[8]["peak"] - planned_rows[128]["peak"]) / GIB  # the plan: 14.0 GiB, the model states
+    # torchtitan reports the memory reserved, which keeps the gradients that FSDP2 frees after each step
+    reserved = {n: predict.reserved_bytes(planned_rows[n]) for n in (8, 128)}
+    drop = (reserved[8] - reserved[128]) / GIB  # the plan: 14.0 GiB, the model states
     assert drop > 0 and abs(drop / published - 1) <= 0.10
 
 
