@@ -23,8 +23,6 @@ import machine
 import options
 import stages
 import train_gpt
-from accounting import predict
-from accounting.shapes import LOSS_CHUNK
 
 HERE = Path(__file__).resolve().parent
 # The original design states its acceptance check at 4 GPUs: stage 3 "about 3-4x lower per GPU" than stage 0.
@@ -59,11 +57,8 @@ def checked(argv, ranks):
 
 
 def stage3_peak(run, config, ranks):
-    """The predicted peak of one stage-3 rank of ranks (predict.rank_memory) and the CUDA context."""
-    zero = config.get("zero_optimization", {})
-    return predict.rank_memory(stages.ZERO3, "deepspeed", run.dtype, ranks, train_gpt.PRESETS[run.model].params,
-                               zero, train_gpt.PRESETS[run.model], micro_batch=run.micro_batch, seq=run.seq,
-                               checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK)["peak"] + CONTEXT_BYTES
+    """The predicted peak of one stage-3 rank of ranks (train_gpt.predicted_memory) and the CUDA context."""
+    return train_gpt.predicted_memory(run, config, ranks)["peak"] + CONTEXT_BYTES
 
 
 def rehearsal(argv):
@@ -80,7 +75,7 @@ def rehearsal(argv):
                "each rank's memory is real, its speed is not (--ranks 1 runs one rank)")
 
 
-def plan(ranks, stages, peer, argv):
+def plan(ranks, stage_names, peer, argv):
     """[(ranks, log name, train_gpt.py arguments)] in run order, and the notes for the terminal."""
     notes, counts = [], [int(n) for n in ranks.split()]
     if not counts:
@@ -92,17 +87,17 @@ def plan(ranks, stages, peer, argv):
     if peer and fsdp2.missing():  # the rest of the run goes on without its peer
         notes.append(f"--peer {peer} skipped: {fsdp2.missing()}")
         peer = ""
-    names = [*stages.split(), *([peer] if peer else [])]
+    names = [*stage_names.split(), *([peer] if peer else [])]
     runs = [(n, ("" if name == peer else "stage") + name + ("" if len(counts) == 1 else f"_{n}ranks"),
              [*config_args(name), *argv]) for n in counts for name in names]
-    for n, _, run_argv in runs:
-        checked(run_argv, n)
+    for n, name, run_argv in runs:
+        notes.append(f"{name}: {train_gpt.prediction_line(*checked(run_argv, n), n)}")
     return runs, notes
 
 
 def main(argv):
-    ranks, stages, peer, *rest = argv
-    runs, notes = plan(ranks, stages, peer, rest)
+    ranks, stage_names, peer, *rest = argv
+    runs, notes = plan(ranks, stage_names, peer, rest)
     lines = [f"NOTE\t{note}" for note in notes] + [f"PORT\t{machine.free_port()}"]
     lines += [f"RUN\t{n}\t{name}\t{shlex.join(run_argv)}" for n, name, run_argv in runs]
     print("\n".join(lines))

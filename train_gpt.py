@@ -33,9 +33,9 @@ import machine
 import options
 import result
 import stages
-from accounting import comms, measure
+from accounting import comms, measure, predict
 from accounting.shapes import LOSS_CHUNK, PRESETS
-from formatting import START, log, phase, rank_table
+from formatting import START, log, phase, rank_table, size
 from model import DTYPES, GPT, Block
 
 IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
@@ -203,6 +203,23 @@ def resolve(args):
     return config, run, load_tokens(args.data, shape.vocab, run.seq), how
 
 
+def predicted_memory(run, config, world):
+    """What theory says one rank of world will hold (predict.rank_memory, the formula that plan.py and each
+    RESULT's predicted_peak_bytes use), before anything is built."""
+    shape = PRESETS[run.model]
+    return predict.rank_memory(run.stage, run.engine, run.dtype, world, shape.params,
+                               config.get("zero_optimization", {}), shape, micro_batch=run.micro_batch, seq=run.seq,
+                               checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,
+                               on_gpu=torch.cuda.is_available())
+
+
+def prediction_line(run, config, world):
+    m = predicted_memory(run, config, world)
+    runtime = "" if torch.cuda.is_available() else ", and a CPU process's runtime besides"
+    return (f"predicted per rank at {world} rank(s): model states {size(m['states'])}, activations "
+            f"{size(m['activations'])}, peak {size(m['peak'])}{runtime}")
+
+
 def init_distributed(timeout_s):
     """Join the process group. With more ranks on a host than GPUs, the ranks share the GPUs over gloo: a
     rehearsal, in which each rank's memory is real but speed is not. Returns the device and how the ranks
@@ -355,6 +372,7 @@ def main(argv=None):
         options.fail(str(e))
     if args.check is not None:
         print(how)
+        print(prediction_line(run, config, args.check or int(os.environ["WORLD_SIZE"])))
         return
     machine.prepare_process()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
