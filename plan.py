@@ -43,7 +43,8 @@ ASSUMED = {
 # What each setup is: a ZeRO stage and the engine that runs it.
 SETUPS = {**{str(stage): (stage, "deepspeed") for stage in stages.PARTITIONS}, "fsdp2": (stages.ZERO3, "fsdp2")}
 MODES = ("overlapped", "serial")
-INPUTS = ("micro_batch", "seq", "checkpoint", "gpus", "gpus_per_node", "offload", "stages", "device", *ASSUMED)
+INPUTS = ("micro_batch", "seq", "checkpoint", "gpus", "gpus_per_node", "offload", "stages", "device", "link_curve",
+          *ASSUMED)
 SHAPE_FLAGS = ("layers", "d_model", "heads", "vocab")
 
 
@@ -81,13 +82,21 @@ def memory(setup, model, args, world, zero):
     return {k: v for k, v in m.items() if k != "breakdown"}
 
 
-def timing(setup, model, args, world):
+def bus_bandwidth(args, link, kind, stage, engine, model, zero):
+    """The bus bandwidth a collective gets: within a node, the measured link's curve (--from) read at the size
+    of one of its calls, else the flag or the assumption; across nodes, the network's."""
+    if link == "intra" and args.link_curve:
+        return predict.read_curve(args.link_curve, predict.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
+    return 1e9 * (args.inter_busbw_gbs if link == "inter" else args.intra_busbw_gbs)
+
+
+def timing(setup, model, args, world, zero):
     """One rank's step: compute at the MFU, each collective over the slowest link it crosses (the network
     once the ranks span nodes), offload's copies over PCIe, and the step serial and overlapped."""
     stage, engine = SETUPS[setup]
     link = "inter" if world > args.gpus_per_node else "intra"
-    busbw = 1e9 * (args.inter_busbw_gbs if link == "inter" else args.intra_busbw_gbs)
-    comm = [{"kind": kind, "phase": phase, "bytes": nbytes, "s": predict.ring_seconds(kind, nbytes, world, busbw)}
+    comm = [{"kind": kind, "phase": phase, "bytes": nbytes,
+             "s": predict.ring_seconds(kind, nbytes, world, bus_bandwidth(args, link, kind, stage, engine, model, zero))}
             for kind, phase, nbytes in predict.collectives(stage, engine, WIDTH, model.params, model.root)]
     if offloads(setup, args):
         comm += [{"kind": "host_copy", "phase": phase, "bytes": nbytes, "s": nbytes / (1e9 * args.host_gbs)}
@@ -102,7 +111,7 @@ def timing(setup, model, args, world):
 
 
 def row(setup, model, args, world, zero):
-    m, t = memory(setup, model, args, world, zero), timing(setup, model, args, world)
+    m, t = memory(setup, model, args, world, zero), timing(setup, model, args, world, zero)
     tokens = args.micro_batch * args.seq
     return {"setup": setup, "gpus": world, "nodes": -(-world // args.gpus_per_node), **m,
             "fits": m["peak"] <= args.gpu_mem_gib * 2**30, **t,
@@ -250,12 +259,15 @@ def measured(folder):
         if f["peak_tflops"]:
             found.setdefault("peak_tflops", (f["peak_tflops"], source))
     devices = sorted({(r.env or {}).get("device") for rs in results.values() for r in rs} - {None})
-    return found, ", ".join(devices) or None
+    curves = [r.link_busbw for rs in results.values() for r in rs
+              if isinstance(r.link_busbw, dict) and r.world_size <= (r.ranks_per_node or 0)]
+    return found, ", ".join(devices) or None, {int(k): v for k, v in curves[0].items()} if curves else None
 
 
 def settle(args):
     """Each machine input from its flag, else the results folder, else the assumption, and where it came from."""
-    found, args.device = measured(args.results) if args.results else ({}, None)
+    found, args.device, curve = measured(args.results) if args.results else ({}, None, None)
+    args.link_curve = curve if args.intra_busbw_gbs is None else None  # a bandwidth given stands for every size
     args.sources = {}
     for key, (value, why) in ASSUMED.items():
         if getattr(args, key) is not None:
@@ -282,6 +294,14 @@ def label(setup, inputs):
     return setup + ("+offload" if inputs["offload"] and setup in ("1", "2", "3") else "")
 
 
+def within(inputs):
+    curve = inputs["link_curve"]
+    if not curve:
+        return f"{inputs['intra_busbw_gbs']:g} GB/s"
+    return (f"the measured link's curve ({min(curve.values()) / 1e9:.0f} to {max(curve.values()) / 1e9:.0f} GB/s "
+            f"over {min(curve) / 2**20:g} MiB to {max(curve) / 2**20:g} MiB), read at each collective's call size")
+
+
 def header(p):
     i, m = p["inputs"], p["model"]
     s = m["shape"]
@@ -291,7 +311,7 @@ def header(p):
              f"per GPU, checkpointing {'on' if i['checkpoint'] else 'off'}, {DTYPE}",
              f"GPU{' (' + i['device'] + ')' if i['device'] else ''}: {i['gpu_mem_gib']:.1f} GiB, "
              f"{i['peak_tflops']:g} TFLOP/s peak at MFU {i['mfu']:.3g}; {i['gpus_per_node']} GPUs per node; bus "
-             f"bandwidth {i['intra_busbw_gbs']:g} GB/s within a node, {i['inter_busbw_gbs']:g} GB/s across nodes"]
+             f"bandwidth {within(i)} within a node, {i['inter_busbw_gbs']:g} GB/s across nodes"]
     return lines + [f"  {key} {i[key]:g}: {why}" for key, why in p["sources"].items()]
 
 

@@ -314,6 +314,15 @@ def collectives(stage, engine, width, params, root):
             for kind, phase in COLLECTIVES[stage]]
 
 
+def message_bytes(kind, stage, engine, width, block, zero):
+    """The bytes of one call of a collective, which set the bus bandwidth it gets (a link's curve rises with
+    them): stage 3 (each block a leaf module) and FSDP2 gather one block at a time, and FSDP2 reduce-scatters one
+    block's gradients; DeepSpeed reduces its gradients in buckets of reduce_bucket_size elements."""
+    if kind == "all_gather" and (shards_params(stage) or engine == "fsdp2") or engine == "fsdp2":
+        return width * block
+    return width * zero_setting(zero, "reduce_bucket_size")
+
+
 def host_copies(width, shard):
     """With the optimizer on the host (ZeRO-Offload), each rank copies its gradient partition out during
     backward and its updated 16-bit weights back after the step: (phase, bytes) over PCIe."""

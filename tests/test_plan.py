@@ -194,3 +194,23 @@ def test_from_takes_the_machine_from_a_results_folder_and_given_flags_win(capsys
     assert i["gpu_mem_gib"] == pytest.approx(150109880320 / GIB) and i["device"] == "NVIDIA H200"
     assert i["intra_busbw_gbs"] == pytest.approx(224, rel=0.01) and i["mfu"] == pytest.approx(0.1097, rel=0.01)
     assert p["sources"]["peak_tflops"] == "given" and p["sources"]["inter_busbw_gbs"].startswith("assumed")
+
+
+def test_a_measured_links_curve_is_read_at_each_collectives_call_size(capsys, tmp_path):
+    curve = {str(2**20): 20 * GB, str(2**30): 300 * GB}
+    r = {"stage": 3, "rank": 0, "world_size": 2, "ranks_per_node": 2, "link_busbw": curve}
+    (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage3": [r]}}))
+    p = planned(capsys, "--from", tmp_path, "--stages", "3", "--gpus", 2)
+    block = plan.resolve_model(plan.parse_args([])).block
+    busbw = predict.read_curve({int(k): v for k, v in curve.items()}, 2 * block)
+    [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
+    assert 20 * GB < busbw < 300 * GB
+    assert gather["s"] == pytest.approx(predict.ring_seconds("all_gather", gather["bytes"], 2, busbw))
+
+
+def test_a_bandwidth_given_stands_for_every_size_of_a_measured_curve(capsys, tmp_path):
+    r = {"stage": 3, "rank": 0, "world_size": 2, "ranks_per_node": 2, "link_busbw": {str(2**20): 20 * GB}}
+    (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage3": [r]}}))
+    p = planned(capsys, "--from", tmp_path, "--stages", "3", "--gpus", 2, "--intra-busbw-gbs", 100)
+    [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
+    assert gather["s"] == pytest.approx(predict.ring_seconds("all_gather", gather["bytes"], 2, 100 * GB))
