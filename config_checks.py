@@ -6,6 +6,7 @@ module: it loads DeepSpeed, and with it torch, which train_gpt.py loads anyway.
 """
 import difflib
 import functools
+import sys
 import typing
 
 import pydantic
@@ -50,15 +51,27 @@ def deepspeed_keys():
     return frozenset(asked | READ_BY_INITIALIZE)
 
 
+def pydantic_models():
+    """pydantic's model classes. DeepSpeed before 0.15.0 (PR #5167) builds its configs on pydantic 1's API, which
+    pydantic 2 keeps as pydantic.v1, loaded by such a DeepSpeed: their fields have the same names, aliases and
+    annotations, listed in __fields__ instead of model_fields."""
+    return tuple(m.BaseModel for m in (pydantic, sys.modules.get("pydantic.v1")) if m)
+
+
+def fields(model):
+    """{name: field} of a DeepSpeed pydantic config, on pydantic 2's API or pydantic 1's."""
+    return model.model_fields if issubclass(model, pydantic.BaseModel) else model.__fields__
+
+
 def model_keys(model):
     """The keys a DeepSpeed pydantic config accepts: its fields' names and their aliases."""
-    return {name for name in model.model_fields} | {f.alias for f in model.model_fields.values() if f.alias}
+    return {name for name in fields(model)} | {f.alias for f in fields(model).values() if f.alias}
 
 
 def submodel(field):
     """The pydantic config a field holds (Optional unwrapped), or None."""
     for kind in (field.annotation, *typing.get_args(field.annotation)):
-        if isinstance(kind, type) and issubclass(kind, pydantic.BaseModel):
+        if isinstance(kind, type) and issubclass(kind, pydantic_models()):
             return kind
     return None
 
@@ -74,7 +87,7 @@ def refuse_unknown(section, known, path, where):
 def refuse_unknown_in_model(section, model, path, where):
     """A section that a DeepSpeed pydantic config reads, and each of its sections that another one reads."""
     refuse_unknown(section, model_keys(model), path, where)
-    for name, field in model.model_fields.items():
+    for name, field in fields(model).items():
         inner = submodel(field)
         for key in {name, field.alias} & section.keys():
             if inner and isinstance(section[key], dict):

@@ -2,15 +2,18 @@
 newest stack, where all are there."""
 import sys
 from types import SimpleNamespace
+from typing import Optional
 
-import options
-
+import pytest
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
 import compat
+import config_checks
 import fsdp2
+import options
 from conftest import assert_refused
+from options import BadInput
 
 
 def a_run(**settings):
@@ -71,3 +74,20 @@ def test_deepcompile_active_is_what_deepspeed_says_or_unknown():
     assert compat.deepcompile_active(SimpleNamespace(is_deepcompile_active=lambda: True)) is True
     assert compat.deepcompile_active(SimpleNamespace(is_deepcompile_active=lambda: False)) is False
     assert compat.deepcompile_active(SimpleNamespace()) is None  # DeepSpeed before 0.18.0 cannot say
+
+
+def test_a_deepspeed_config_on_pydantic_1s_api_has_its_unknown_keys_refused():
+    """DeepSpeed before 0.15.0 builds its configs on pydantic 1's API (pydantic.v1), nested ones and aliases too."""
+    from pydantic import v1
+
+    class Offload(v1.BaseModel):
+        device: str = "none"
+
+    class Zero(v1.BaseModel):
+        stage: int = 0
+        offload_param: Optional[Offload] = v1.Field(None, alias="cpu_offload_param_config")
+
+    config_checks.refuse_unknown_in_model({"stage": 3, "cpu_offload_param_config": {"device": "cpu"}}, Zero,
+                                          "zero_optimization.", "")
+    with pytest.raises(BadInput, match=r"zero_optimization\.offload_param\.devic is not .* \(did you mean device\?\)"):
+        config_checks.refuse_unknown_in_model({"offload_param": {"devic": "cpu"}}, Zero, "zero_optimization.", "")
