@@ -381,3 +381,12 @@ def test_the_8_rank_stage_0_rehearsal_that_ran_out_of_memory_was_predicted_not_t
                                micro_batch=r.micro_batch, seq=r.seq, checkpoint=r.checkpoint,
                                loss_chunk=t.LOSS_CHUNK)["peak"]
     assert r.ranks_per_gpu * peak > r.device_total_bytes
+
+
+def test_runs_made_with_rank_memory_record_a_predicted_peak_within_5_percent_of_their_own():
+    records = [result.RankResult.from_dict(d)
+               for summary in sorted((PEAK_RUNS.parent / "rank-memory" / "results").glob("*/summary.json"))
+               for rs in json.loads(summary.read_text())["results"].values() for d in rs]
+    assert len({run_name(r) for r in records}) == 14  # 3 setups x 2 micro batches x checkpointing, and G 4
+    assert {run_name(r): round(r.predicted_peak_bytes / r.peak_mem_bytes - 1, 3) for r in records
+            if abs(r.predicted_peak_bytes / r.peak_mem_bytes - 1) > PEAK_TOLERANCE} == {}
