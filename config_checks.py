@@ -10,10 +10,12 @@ import sys
 import typing
 
 import pydantic
-from deepspeed.runtime.config import DeepSpeedConfig
+import torch
+from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS, DeepSpeedConfig
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
 from options import BadInput
+
 
 # deepspeed.initialize reads these itself, to build its device mesh; DeepSpeedConfig reads them only when a
 # process group is up, so the probe in deepspeed_keys() never sees them
@@ -146,3 +148,8 @@ def refuse_what_the_build_would(ds, where):
         raise BadInput(f"config{where}: optimizer.params.max_grad_norm is refused by DeepSpeed when it builds the "
                        "optimizer: use the top-level gradient_clipping instead")
     offload_has_a_cpu_optimizer(ds, where)
+
+
+def known_optimizer(name):
+    """DeepSpeed builds its own optimizers by name and, for any other name, torch.optim's class of that name."""
+    return name.lower() in DEEPSPEED_OPTIMIZERS or isinstance(getattr(torch.optim, name, None), type)

@@ -347,8 +347,8 @@ def fsdp2_can_run(config, args, section, where, host):
     """FSDP2 stands beside ZeRO-3 as it runs on the device: torch's AdamW, bf16 or fp32, no offload."""
     if host["fsdp2_missing"]:
         raise BadInput(f"--engine fsdp2: {host['fsdp2_missing']}")
-    if args.stage != 3:
-        raise BadInput(f"--engine fsdp2 is ZeRO-3's peer and reads a stage-3 config, not stage {args.stage}")
+    if not stages.shards_params(args.stage):
+        raise BadInput(f"--engine fsdp2 is ZeRO-3's peer and reads a stage-{stages.ZERO3} config, not stage {args.stage}")
     found = {"an optimizer section": section, "offload": any(offload_devices(config).values()),
              "a scheduler": "scheduler" in config,
              "DeepCompile": field(config, "compile.deepcompile", (bool,), False, where)}

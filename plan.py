@@ -13,7 +13,6 @@ import argparse
 import bisect
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from accounting import predict
 from accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
 from formatting import EXIT, format_table, gib
 from options import BadInput, at_least, positive  # the same checks as train_gpt.py's inputs
-from result import RankResult
+from reporting import reading
 
 HERE = Path(__file__).resolve().parent
 DTYPE = "bf16"  # the plan is of 16-bit training, the precision the peak FLOP/s below are for
@@ -65,17 +64,17 @@ class Model:
 # one setup on G GPUs
 
 
-def offloads(setup, args):
+def offloads(setup, offload):
     """DeepSpeed offloads the optimizer at ZeRO stages 1 to 3 only; FSDP2's CPU offload is not planned."""
     stage, engine = SETUPS[setup]
-    return bool(args.offload) and engine == "deepspeed" and not stages.shards_nothing(stage)
+    return bool(offload) and engine == "deepspeed" and not stages.shards_nothing(stage)
 
 
 def memory(setup, model, args, world, zero):
     """One rank's bytes by term and its peak: predict.rank_memory, as for a RESULT, with the parameters
     partitioned evenly and no persistent ones."""
     stage, engine = SETUPS[setup]
-    offload = {"optimizer": "cpu" if offloads(setup, args) else None, "param": None}
+    offload = {"optimizer": "cpu" if offloads(setup, args.offload) else None, "param": None}
     m = predict.rank_memory(stage, engine, DTYPE, world, model.params, zero, model.shape, block=model.block,
                             root=model.root, largest=model.embedding, micro_batch=args.micro_batch, seq=args.seq,
                             checkpoint=args.checkpoint, loss_chunk=LOSS_CHUNK, offload=offload)
@@ -98,7 +97,7 @@ def timing(setup, model, args, world, zero):
     comm = [{"kind": kind, "phase": phase, "bytes": nbytes,
              "s": predict.ring_seconds(kind, nbytes, world, bus_bandwidth(args, link, kind, stage, engine, model, zero))}
             for kind, phase, nbytes in predict.collectives(stage, engine, WIDTH, model.params, model.root)]
-    if offloads(setup, args):
+    if offloads(setup, args.offload):
         comm += [{"kind": "host_copy", "phase": phase, "bytes": nbytes, "s": nbytes / (1e9 * args.host_gbs)}
                  for phase, nbytes in predict.host_copies(WIDTH, model.params / world)]
     layers, d_model = (model.shape.layers, model.shape.d_model) if model.shape else (None, 0)
@@ -222,51 +221,9 @@ def resolve_model(args):
                  shape.padded_vocab * shape.d_model)
 
 
-def run_figures(results):
-    """One run's figures, each the median over its ranks; the link's at the size of the old probe, 256 MiB."""
-    def median(values):
-        values = [v for v in values if isinstance(v, (int, float))]
-        return statistics.median(values) if values else None
-    return {"mfu": median(r.mfu for r in results), "link_busbw": median(r.link_busbw_at(1 << 28) for r in results),
-            "device_total_bytes": median(r.device_total_bytes for r in results),
-            "peak_tflops": median(r.peak_tflops for r in results)}
-
-
-def measured(folder):
-    """What a results folder's summary.json (its "results": each run's RESULT lines) says of the machine,
-    as {input: (value, source)}. The MFU is the best run's, the one that lost least to communication, and a
-    third higher where it checkpointed, since --mfu counts the recomputed FLOPs; its all-gather's bus bandwidth
-    is within a node if all its ranks were on one."""
-    try:
-        runs = json.loads((folder / "summary.json").read_text())["results"]
-        results = {name: [RankResult.from_dict(r) for r in rs if isinstance(r, dict)] for name, rs in runs.items()}
-    except OSError as e:
-        raise BadInput(f"--from {folder}: cannot read summary.json: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise BadInput(f"--from {folder}: summary.json holds no results") from None
-    found, source = {}, f"measured in {folder}"
-    figures = {name: run_figures(rs) for name, rs in results.items() if rs}
-    best = max((n for n in figures if figures[n]["mfu"]), key=lambda n: figures[n]["mfu"], default=None)
-    if best:
-        recompute = 4 / 3 if results[best][0].checkpoint else 1
-        found["mfu"] = (min(1.0, figures[best]["mfu"] * recompute), f"{source} ({best})")
-    for name, f in figures.items():
-        one_node = all((r.world_size or 0) <= (r.ranks_per_node or 0) for r in results[name])
-        if f["link_busbw"]:
-            found.setdefault("intra_busbw_gbs" if one_node else "inter_busbw_gbs", (f["link_busbw"] / 1e9, source))
-        if f["device_total_bytes"]:
-            found.setdefault("gpu_mem_gib", (gib(f["device_total_bytes"]), source))
-        if f["peak_tflops"]:
-            found.setdefault("peak_tflops", (f["peak_tflops"], source))
-    devices = sorted({(r.env or {}).get("device") for rs in results.values() for r in rs} - {None})
-    curves = [r.link_busbw for rs in results.values() for r in rs
-              if isinstance(r.link_busbw, dict) and r.world_size <= (r.ranks_per_node or 0)]
-    return found, ", ".join(devices) or None, {int(k): v for k, v in curves[0].items()} if curves else None
-
-
 def settle(args):
     """Each machine input from its flag, else the results folder, else the assumption, and where it came from."""
-    found, args.device, curve = measured(args.results) if args.results else ({}, None, None)
+    found, args.device, curve = reading.machine_of(args.results) if args.results else ({}, None, None)
     args.link_curve = curve if args.intra_busbw_gbs is None else None  # a bandwidth given stands for every size
     args.sources = {}
     for key, (value, why) in ASSUMED.items():
@@ -291,7 +248,7 @@ def settle(args):
 
 
 def label(setup, inputs):
-    return setup + ("+offload" if inputs["offload"] and setup in ("1", "2", "3") else "")
+    return setup + ("+offload" if offloads(setup, inputs["offload"]) else "")
 
 
 def within(inputs):

@@ -118,11 +118,18 @@ class RankResult:
     @classmethod
     def from_dict(cls, d):
         """A RESULT line's result; its figures are worked out again, and keys it does not know (a figure, or
-        a field of an older or newer version) are passed over."""
-        return cls(**{k: v for k, v in d.items() if k in FIELDS})
+        a field of an older or newer version) are passed over. Logs from before flops_per_token and peak_tflops
+        were recorded stored only the figures made of them: those give them back."""
+        r = cls(**{k: v for k, v in d.items() if k in FIELDS})
+        tflops, tokens = d.get("tflops_per_gpu"), d.get("tokens_per_s")
+        if r.flops_per_token is None and tflops and tokens and r.gpus:
+            r.flops_per_token = tflops * 1e12 * r.gpus / tokens
+        if r.peak_tflops is None and tflops and d.get("mfu"):
+            r.peak_tflops = tflops / d["mfu"]
+        return r
 
     # Figures derived from the fields above. A new one is a property here, which every RESULT line then
-    # carries, and a row in report.py's COMPARISON.
+    # carries, and a row in reporting/tables.py's COMPARISON.
     @property
     def model_state_bytes(self) -> int:
         return model_states_of(self.model_state_breakdown) if self.model_state_breakdown else None
@@ -242,7 +249,7 @@ def add_predictions(r, shape, loss_chunk, zero):
     optimizer step's fp32 gradients and the peak (predict.rank_memory, from this rank's counts), against which
     the measurement is judged; zero is the zero_optimization section as DeepSpeed read it."""
     shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
-    flash = r.mem_kind == "cuda" and predict.WIDTH[r.dtype] == 2  # SDPA's flash kernels take 16-bit inputs only
+    flash = predict.uses_flash(r.mem_kind == "cuda", r.dtype)
     m = predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, r.params_total, zero, shape, shard=shard,
                             persistent=r.persistent_elems, largest=r.largest_param_elems, micro_batch=r.micro_batch,
                             seq=r.seq, checkpoint=r.checkpoint, flash=flash, loss_chunk=loss_chunk, offload=r.offload,

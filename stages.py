@@ -42,4 +42,4 @@ def config_names():
 
 def is_own_config(path, stage):
     """Whether a config is its stage's own, rather than a variant of it."""
-    return Path(path).name == CONFIG_NAME.format(stage)
+    return path is not None and Path(path).name == CONFIG_NAME.format(stage)

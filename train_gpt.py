@@ -24,7 +24,6 @@ import numpy as np
 import psutil
 import torch
 from deepspeed import comm as dist
-from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
 
 import compat
 import config_checks
@@ -182,18 +181,13 @@ def timed_step(engine, run, step, x, y, device, census):
 # build: inputs, processes, model, engine
 
 
-def known_optimizer(name):
-    """DeepSpeed builds its own optimizers by name and, for any other name, torch.optim's class of that name."""
-    return name.lower() in DEEPSPEED_OPTIMIZERS or isinstance(getattr(torch.optim, name, None), type)
-
-
 def resolve(args):
     """Check every input and fill in what depends on the machine, the config and the number of ranks. Returns
     the DeepSpeed config, the run (options.Run), the tokens and one line that says how the inputs were read."""
     on_gpu = torch.cuda.is_available()
     model = args.model or ("1.3b" if on_gpu else "tiny")
     shape = PRESETS[model]
-    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": known_optimizer,
+    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": config_checks.known_optimizer,
             "fsdp2_missing": fsdp2.missing()}
     world = args.check or int(os.environ["WORLD_SIZE"])
     config, where = options.read_config(args.config), f" {args.config}"
@@ -210,6 +204,7 @@ def predicted_memory(run, config, world):
     return predict.rank_memory(run.stage, run.engine, run.dtype, world, shape.params,
                                config.get("zero_optimization", {}), shape, micro_batch=run.micro_batch, seq=run.seq,
                                checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,
+                               flash=predict.uses_flash(torch.cuda.is_available(), run.dtype),
                                on_gpu=torch.cuda.is_available())
 
 

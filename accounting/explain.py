@@ -2,15 +2,18 @@
 Where one rank's measured memory departs from theory by more than EXPLAIN_BEYOND, in words.
 """
 from formatting import size
-from stages import shards_params
+from stages import PARTITIONS, shards_params, splits_one_buffer
 
 EXPLAIN_BEYOND = 0.10
 
-# why a kind of model state can differ from the paper: (kind, sign of the difference, stages) -> cause
+# why a kind of model state can differ from the paper: (kind, sign of the difference, the stages it applies to,
+# as a test of what the stage partitions) -> cause
 CAUSES = {
-    ("grads", 1, (1, 2)): "DeepSpeed keeps whole the gradients of tensors that straddle this rank's partition",
-    ("grads", -1, (1,)): "DeepSpeed's stage 1 also reduces the gradients into this rank's partition during backward",
-    ("params", 1, (3,)): "partitioned parameters still gathered after backward (gathered layers)",
+    ("grads", 1, splits_one_buffer): "DeepSpeed keeps whole the gradients of tensors that straddle this rank's "
+                                     "partition",
+    ("grads", -1, lambda stage: PARTITIONS[stage] == {"optimizer"}): "DeepSpeed's stage 1 also reduces the gradients "
+                                                                      "into this rank's partition during backward",
+    ("params", 1, shards_params): "partitioned parameters still gathered after backward (gathered layers)",
 }
 
 
@@ -44,8 +47,8 @@ def state_gaps(r, held):
     for kind in predicted:
         diff = held[kind] - predicted[kind]
         if abs(diff) > 0.02 * total:
-            cause = next((c for (k, sign, stages), c in CAUSES.items()
-                          if k == kind and sign * diff > 0 and r.stage in stages), "no known cause")
+            cause = next((c for (k, sign, applies), c in CAUSES.items()
+                          if k == kind and sign * diff > 0 and applies(r.stage)), "no known cause")
             found.append(f"model states: {kind} {'+' if diff > 0 else '-'}{size(abs(diff))}: {cause}")
     return found
 

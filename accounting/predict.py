@@ -90,6 +90,12 @@ def output_layer_bytes(shape, width, tokens, loss_chunk):
     return 2 * width * tokens * shape.d_model + (2 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
 
 
+def uses_flash(on_gpu, dtype):
+    """Whether attention runs SDPA's flash kernels, which keep no scores for backward: on a GPU, in 16 bits
+    (they take 16-bit inputs only)."""
+    return on_gpu and WIDTH[dtype] == 2
+
+
 def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk):
     """The activations when backward starts, their most: every block's saved tensors, or with checkpointing each
     block's input only, and the output layer's backward (output_layer_bytes); with checkpointing, a block

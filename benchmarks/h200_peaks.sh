@@ -4,11 +4,8 @@
 # GROUP: default (bash run.sh: the 4-rank rehearsal that the layout's re-run must reproduce), mb2 and mb16 (one
 # rank: stages 0 and 3 and FSDP2 at that micro batch, checkpointing on and off), ranks8 (8 rehearsed ranks).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=$1; shift
-mkdir -p "$out"
-export RESULTS=$out/results PYTHONUNBUFFERED=1
-timed() { local name=$1; shift; { time timeout 300 "$@"; } > "$out/$name.txt" 2>&1; echo "$name: exit $?"; }
+source "$(dirname "$0")/preamble.sh" "$@"; shift
+LIMIT_S=300
 for group in "$@"; do
   case $group in
     default) timed default bash run.sh ;;

@@ -5,11 +5,7 @@
 # seeds1 (20 seeds at 1 rank, 5 at a time), seeds4 (the 4-rank rehearsal of 5 seeds, two at a time). Runs that
 # share the GPU share its time too: their speeds mean nothing, their memory per rank and losses are real.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=$1; shift
-mkdir -p "$out"
-export RESULTS=$out/results PYTHONUNBUFFERED=1
-timed() { local name=$1; shift; { time timeout 280 "$@"; } > "$out/$name.txt" 2>&1; echo "$name: exit $?"; }
+source "$(dirname "$0")/preamble.sh" "$@"; shift
 for group in "$@"; do
   case $group in
     before) (cd .before && RESULTS=$out/results-before timed before_default bash run.sh) ;;

@@ -270,10 +270,11 @@ def test_a_launch_with_bad_input_prints_one_line_and_no_traceback(argv, message,
 # valid input: --check says how the inputs were read, in one line, and exits 0
 
 
-def test_a_valid_check_prints_one_line_and_exits_0(check):
+def test_a_valid_check_prints_how_it_reads_the_inputs_and_the_predicted_memory_and_exits_0(check):
     result = check()
     assert result.status == 0 and result.err == []
-    [line] = result.out
+    [line, prediction] = result.out
+    assert prediction.startswith("predicted per rank at 1 rank(s): model states 7.1 MiB, activations ")
     assert line.startswith("stage 3, bf16 (from the config), micro batch 2 per rank (from "
                            "train_micro_batch_size_per_gpu) x 1 rank(s), lr 0.001 (from the preset; ")
     assert line.endswith("), optimizer torch AdamW, config " + str(train_gpt.HERE / "ds_config_stage3.json"))
@@ -283,8 +284,10 @@ def test_a_valid_check_exits_0_as_a_process(tmp_path):
     proc = subprocess.run([sys.executable, "train_gpt.py", "--check", "2"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
-    assert proc.stdout.splitlines()[-1].startswith("stage 3, bf16 (from the config), micro batch 2 per rank (from "
-                                                   "train_micro_batch_size_per_gpu) x 2 rank(s)")
+    how, prediction = proc.stdout.splitlines()[-2:]
+    assert how.startswith("stage 3, bf16 (from the config), micro batch 2 per rank (from "
+                          "train_micro_batch_size_per_gpu) x 2 rank(s)")
+    assert prediction.startswith("predicted per rank at 2 rank(s): model states 3.5 MiB")
 
 
 def test_train_batch_size_sets_the_micro_batch_over_the_ranks(check, tmp_path):
@@ -292,7 +295,7 @@ def test_train_batch_size_sets_the_micro_batch_over_the_ranks(check, tmp_path):
     config.write_text(json.dumps({"train_batch_size": 8}))
     result = check("--config", config, "--check", "2")
     assert result.status == 0, result
-    [line] = result.out
+    [line, _] = result.out
     assert "micro batch 4 per rank (from train_batch_size) x 2 rank(s)" in line
 
 
@@ -308,7 +311,7 @@ def test_the_config_decides_the_dtype_unless_dtype_is_given(sections, argv, read
     config.write_text(json.dumps(sections))
     result = check("--config", config, *argv)
     assert result.status == 0, result
-    [line] = result.out
+    [line, _] = result.out
     assert line.startswith(f"stage 0, {reads}, ")
 
 

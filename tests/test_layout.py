@@ -1,0 +1,31 @@
+"""The layout's own rules (docs/layout.md), held on the product's code: the top-level modules, accounting/ and
+reporting/, not tests/ or benchmarks/."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = sorted([*ROOT.glob("*.py"), *ROOT.glob("accounting/*.py"), *ROOT.glob("reporting/*.py")])
+# a stage's number compared with a literal: stage == 3, args.stage != 0, r.stage in (1, 2), stage < 3
+STAGE_LITERAL = re.compile(r"\bstage\w*\)? *(==|!=|<=|>=|<|>|in|not in) *\(?\d")
+
+
+@pytest.mark.parametrize("path", PRODUCT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_over_400_lines(path):
+    assert len(path.read_text().splitlines()) <= 400
+
+
+@pytest.mark.parametrize("path", PRODUCT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_function_is_over_40_lines(path):
+    long = [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 40]
+    assert long == []
+
+
+@pytest.mark.parametrize("path", [p for p in PRODUCT if p.name != "stages.py"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_stage_numbers_are_compared_only_in_stages_py(path):
+    compared = [f"{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
+                if STAGE_LITERAL.search(line.split("#")[0])]
+    assert compared == []
