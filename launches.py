@@ -25,7 +25,7 @@ import stages
 import train_gpt
 
 HERE = Path(__file__).resolve().parent
-# The original design states its acceptance check at 4 GPUs: stage 3 "about 3-4x lower per GPU" than stage 0.
+# The acceptance check for memory is stated at 4 GPUs: stage 3 "about 3-4x lower per GPU" than stage 0.
 REHEARSED_RANKS = 4
 CPU_PROCESSES = 2  # without GPUs: two gloo ranks, the fewest that have something to shard across
 CONTEXT_BYTES = 1 << 30  # what a process holds on a GPU outside PyTorch's allocator (CUDA context, NCCL), at most
