@@ -85,7 +85,8 @@ def test_summary_json_says_where_the_time_went(run_sh):
         assert all(run[part] >= 0 for part in parts), run
         assert sum(run[part] for part in parts) == pytest.approx(run["total_s"], abs=0.1)
     spent = timing["checks_s"] + sum(r["total_s"] for r in timing["runs"].values()) + timing["report_s"]
-    assert spent <= timing["total_s"] <= spent + 5
+    rounding = 0.005 * (3 + len(timing["runs"]))  # each of the figures is rounded to 0.01 s
+    assert spent - rounding <= timing["total_s"] <= spent + 5
 
 
 def test_one_rank_counts_no_communication(single_process):
