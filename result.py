@@ -106,7 +106,6 @@ class RankResult:
     differences: list = None
     peak_mem_bytes: int = 0
     peak_reserved_bytes: int = None
-    mem_after_init_bytes: int = None
     device_total_bytes: int = None
     host_peak_rss_bytes: int = None
     # training
@@ -137,6 +136,10 @@ class RankResult:
     @property
     def host_state_bytes(self) -> int:
         return model_states_of(self.host_state_breakdown) if self.host_state_breakdown else None
+
+    @property
+    def mem_after_init_bytes(self) -> int:
+        return (self.memory_at_start or {}).get("allocated_bytes")
 
     @property
     def losses(self) -> list:
@@ -281,7 +284,6 @@ def finish(r, shape, loss_chunk, zero, memory_now):
     for key in PEAK_KEYS:
         seen = [s[key] for s in snapshots if s.get(key) is not None]
         setattr(r, key, max(seen) if seen else None)
-    r.mem_after_init_bytes = (r.memory_at_start or {}).get("allocated_bytes")
     r.device_total_bytes = memory_now.get("device_total_bytes")
     if r.model_state_breakdown:
         add_predictions(r, shape, loss_chunk, r.zero_config or zero)  # as DeepSpeed read it, where it did

@@ -5,9 +5,8 @@
 #   bash benchmarks/h200x2_link.sh OUT_DIR [build]   # build: only build nccl-tests (any GPU machine)
 # It needs nccl-tests' source in .nccl-tests/ (2.19.6: git archive of github.com/NVIDIA/nccl-tests, carried).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=$1
-mkdir -p "$out"
+source "$(dirname "$0")/preamble.sh" "$@"
+LIMIT_S=300
 # torch's NCCL, as a folder that nccl-tests' Makefile reads: include/nccl.h and lib/libnccl.so
 nccl=$(mktemp -d)
 python3 - "$nccl" <<'PY'
@@ -28,8 +27,6 @@ for test in all_gather reduce_scatter; do  # out of place and in place, 1 MiB to
   echo "$test: exit $?"
 done
 [ "${2:-}" = build ] && exit 0
-export RESULTS=$out/results PYTHONUNBUFFERED=1
-timed() { local name=$1; shift; { time timeout 300 "$@"; } > "$out/$name.txt" 2>&1; echo "$name: exit $?"; }
 timed gpus2_mb2 bash run.sh --peer fsdp2
 timed gpus2_mb16 bash run.sh --peer fsdp2 --micro-batch 16
 timed gpus2_mb2_no_checkpoint bash run.sh --peer fsdp2 --no-checkpoint

@@ -189,10 +189,10 @@ def loss(dense, zero3):
     if zero3[0].model == DESIGN_LOSS["model"] and len(zero3[0].losses or []) >= DESIGN_LOSS["step"]:
         f["at_design_step"] = {name: losses[DESIGN_LOSS["step"] - 1] for name, losses in f["losses"].items()
                                if len(losses) >= DESIGN_LOSS["step"]}
-    misses = loss_misses(f)
-    if f["steps"] < FALLING_STEPS and not misses:
+    f["misses"] = loss_misses(f)
+    if f["steps"] < FALLING_STEPS and not f["misses"]:
         return "NOT OBSERVABLE", f
-    return ("FAIL" if misses else "PASS"), f
+    return ("FAIL" if f["misses"] else "PASS"), f
 
 
 def loss_misses(f):
@@ -214,7 +214,7 @@ def say_loss(f):
         text += f"; the stages agree to {f['gap']:.2%} at every step (at most {LOSS_RTOL:.0%})"
         if f["apart"] is not None:
             text += f", and their weights after step {FALLING_STEPS} to {f['apart']:.3%} (at most {WEIGHTS_RTOL:.1%})"
-    misses = loss_misses(f)
+    misses = f["misses"]
     if f["steps"] < FALLING_STEPS and not misses:
         return text + (f"; {f['steps']} step(s) ran, and (c) judges the first {FALLING_STEPS}: "
                        f"give --steps {FALLING_STEPS} or more")
