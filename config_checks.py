@@ -4,8 +4,11 @@ know, what its config classes refuse, and what it would assert on only once the 
 Bad input is an options.BadInput, whose message is the one line the user sees. train_gpt.py alone imports this
 module: it loads DeepSpeed, and with it torch, which train_gpt.py loads anyway.
 """
+import copy
 import difflib
 import functools
+import json
+import math
 import sys
 import typing
 
@@ -26,31 +29,36 @@ CPU_OPTIMIZERS = ("adam", "adamw", "lion")
 
 
 @functools.cache
-def deepspeed_keys():
-    """The top-level keys DeepSpeed knows."""
+def deepspeed_reads():
+    """{top-level key: the default DeepSpeed reads it with, or None} for each key it knows."""
     # Noted as DeepSpeedConfig asks a minimal config for each key it reads: in 0.19.8 it is no pydantic model whose
     # fields could be listed, and its *constants.py files mix nested keys ("enabled", "type") with top-level ones
     # and lack others ("compile", "hybrid_engine", "wandb"), so neither would give the set that it reads.
-    asked = set()
+    asked = {}
 
     class Noting(dict):
         def __contains__(self, key):
-            asked.add(key)
+            asked.setdefault(key, None)
             return super().__contains__(key)
 
         def __getitem__(self, key):
-            asked.add(key)
+            asked.setdefault(key, None)
             return super().__getitem__(key)
 
         def get(self, key, default=None):
-            asked.add(key)
+            asked[key] = default
             return super().get(key, default)
 
         def keys(self):  # `key in config.keys()` then asks through __contains__
             return self
 
     DeepSpeedConfig(Noting(train_micro_batch_size_per_gpu=1))
-    return frozenset(asked | READ_BY_INITIALIZE)
+    return asked
+
+
+def deepspeed_keys():
+    """The top-level keys DeepSpeed knows."""
+    return frozenset(deepspeed_reads().keys() | READ_BY_INITIALIZE)
 
 
 def pydantic_models():
@@ -104,6 +112,81 @@ def refuse_unknown_keys(config, where):
     zero = config.get("zero_optimization")
     if isinstance(zero, dict):
         refuse_unknown_in_model(zero, DeepSpeedZeroConfig, "zero_optimization.", where)
+
+
+# "auto" is what Hugging Face's DeepSpeed templates leave for its Trainer to fill in from its own arguments and the
+# model (transformers.integrations.deepspeed.HfTrainerDeepSpeedConfig); DeepSpeed drops it from its pydantic
+# sections, for their defaults, and takes it as it is elsewhere ("auto" > 1.0 fails at step 1). One rule for
+# each: what train_gpt.py sets itself reads as absent, what HF works out from the model's width is worked out
+# here the same way, and a training choice the config must make is refused with what to write.
+AS_ABSENT = {"train_micro_batch_size_per_gpu": "--micro-batch, else 2", "train_batch_size": "the micro batch x ranks",
+             "gradient_accumulation_steps": "1", "optimizer.params.lr": "--lr, else the preset's",
+             "steps_per_print": "train_gpt.py prints every step itself"}
+FROM_THE_WIDTH = {"zero_optimization.reduce_bucket_size": ("d_model²", lambda d: d * d),
+                  "zero_optimization.stage3_prefetch_bucket_size": ("0.9 d_model²", lambda d: int(0.9 * d * d)),
+                  "zero_optimization.stage3_param_persistence_threshold": ("10 d_model", lambda d: 10 * d)}
+WRITE_INSTEAD = {
+    "gradient_clipping": "the largest gradient norm, such as 1.0 (Hugging Face's default max_grad_norm), or 0 for none",
+    "optimizer.params.betas": "[0.9, 0.95], the betas of train_gpt.py's own AdamW",
+    "optimizer.params.eps": "1e-8, AdamW's default", "optimizer.params.weight_decay": "0.1, as train_gpt.py's AdamW",
+    "scheduler.params.warmup_min_lr": "0", "scheduler.params.warmup_max_lr": "the peak rate",
+    "scheduler.params.warmup_num_steps": "a number of steps", "scheduler.params.total_num_steps": "--steps' number",
+    "fp16.enabled": "true or false", "bf16.enabled": "true or false"}
+
+
+def leaves(section, path=""):
+    """(dotted path, value) of each value in a config that is not an object."""
+    for key, value in section.items():
+        if isinstance(value, dict):
+            yield from leaves(value, f"{path}{key}.")
+        else:
+            yield f"{path}{key}", value
+
+
+def quoted_number(value):
+    try:
+        return isinstance(value, str) and math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
+def refuse_mistyped(path, value, where):
+    """A number in quotes anywhere, and a value unlike the kind of DeepSpeed's default for a top-level key that it
+    reads as it is (gradient_clipping's 1.0, prescale_gradients' false)."""
+    if quoted_number(value):
+        raise BadInput(f'config{where}: {path} is the string "{value}": write the number {value}, without quotes')
+    default = deepspeed_reads().get(path)
+    kind = bool if isinstance(default, bool) else (int, float) if isinstance(default, (int, float)) else None
+    if kind and (not isinstance(value, kind) or kind != bool and isinstance(value, bool)):
+        raise BadInput(f"config{where}: {path} must be {'true or false' if kind == bool else 'a number'}, "
+                       f"not {json.dumps(value)}")
+
+
+def resolve_auto(config, path, d_model, where):
+    """One "auto" of config resolved in place, and how; or BadInput, saying what to write."""
+    *outer, key = path.split(".")
+    section = functools.reduce(dict.__getitem__, outer, config)
+    if path in AS_ABSENT:
+        del section[key]
+        return f"{path} as absent ({AS_ABSENT[path]})"
+    if path in FROM_THE_WIDTH:
+        formula, value = FROM_THE_WIDTH[path]
+        section[key] = value(d_model)
+        return f"{path} {section[key]:,} ({formula}, as Hugging Face's Trainer sets it)"
+    raise BadInput(f'config{where}: {path} is "auto", which only Hugging Face\'s Trainer fills in: write '
+                   + WRITE_INSTEAD.get(path, "the value that DeepSpeed should read"))
+
+
+def from_other_tools(config, d_model, where):
+    """A config, perhaps written for Hugging Face's Trainer, as train_gpt.py can take it: keys DeepSpeed knows, each
+    "auto" resolved or refused, no number in quotes. Returns the config and a note for the check's line that says
+    how each "auto" was read, or ""."""
+    refuse_unknown_keys(config, where)
+    config = copy.deepcopy(config)
+    resolved = [resolve_auto(config, path, d_model, where) if value == "auto" else refuse_mistyped(path, value, where)
+                for path, value in list(leaves(config))]
+    read = [line for line in resolved if line]
+    return config, f'; "auto" read as: {", ".join(read)}' if read else ""
 
 
 def deepspeed_config(config, micro_batch, where):

@@ -1,6 +1,8 @@
 """Figures as text, shared by train_gpt.py's lines and report.py's tables, the exit statuses, and the
 progress lines of a run."""
 import contextlib
+import os
+import sys
 import threading
 import time
 
@@ -11,6 +13,37 @@ START = time.perf_counter()
 EXIT = {"done": 0, "PASS": 0, "failed": 1, "FAIL": 1, "bad input": 2, "out of memory": 3, "diverged": 4,
         "NOT OBSERVABLE": 5}
 SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGTERM": 15}
+
+
+class QuietWhenClosed:
+    """stdout that goes to /dev/null once its reader has gone (`| head -1`), without a BrokenPipeError."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def write(self, text):
+        return self.quietly(self.stream.write, text)
+
+    def flush(self):
+        return self.quietly(self.stream.flush)
+
+    def quietly(self, call, *args):
+        try:
+            return call(*args)
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # what is buffered goes there too
+            return call(*args)
+
+
+def quiet_when_closed():
+    """A command's output into `head` and the like: once the reader has gone, the command carries on with its work
+    (report.py --write still writes its files) and ends with its own status, printing nowhere, with no traceback
+    at a print or at exit's flush."""
+    if not isinstance(sys.stdout, QuietWhenClosed):
+        sys.stdout = QuietWhenClosed(sys.stdout)
 
 
 def gib(nbytes):

@@ -78,6 +78,8 @@ def rehearsal(argv):
 def plan(ranks, stage_names, peer, argv):
     """[(ranks, log name, train_gpt.py arguments)] in run order, and the notes for the terminal."""
     notes, counts = [], [int(n) for n in ranks.split()]
+    if any(n > options.MAX_RANKS for n in counts):
+        bad(f"--ranks takes at most {options.MAX_RANKS:,} ranks a run, not {max(counts)}")
     if not counts:
         gpus = torch.cuda.device_count()
         counts = [gpus or CPU_PROCESSES] if gpus != 1 else []

@@ -19,9 +19,10 @@ import deepspeed
 import torch
 
 import compat
-from options import BadInput
+from options import MAX_RANKS, BadInput
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads
 
 
 def free_port():
@@ -81,6 +82,32 @@ def adopt_launcher_env(env=os.environ):
     env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
     env.setdefault("MASTER_PORT", str(free_port()))
     return "one process"
+
+
+def checked_launcher_env(env=os.environ):
+    """adopt_launcher_env, then the variables it leaves checked as one set: a set inherited in part (a PyTorchJob
+    pod, a Slurm allocation) or mistyped stops here in one line, not later in a KeyError or a hung rendezvous."""
+    launcher = adopt_launcher_env(env)
+    missing = [name for name in LAUNCHER_VARIABLES if not env.get(name)]
+    if missing:
+        raise BadInput(f"RANK={env['RANK']} is set but not {', '.join(missing)}: a launcher sets all of "
+                       f"{', '.join(LAUNCHER_VARIABLES)}; set the rest, or unset RANK to train as one process")
+    numbers = {name: env[name] for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
+               if name in env}
+    for name, text in numbers.items():
+        if not text.isdecimal():
+            raise BadInput(f"{name}={text!r} must be a whole number, 0 or more")
+    n = {name: int(text) for name, text in numbers.items()}
+    wrong = next((why for fault, why in [
+        (not 1 <= n["WORLD_SIZE"] <= MAX_RANKS, f"WORLD_SIZE runs from 1 to {MAX_RANKS:,}"),
+        (n["RANK"] >= n["WORLD_SIZE"], "RANK runs from 0 to WORLD_SIZE - 1"),
+        (n["LOCAL_RANK"] >= n["WORLD_SIZE"], "LOCAL_RANK runs from 0 to WORLD_SIZE - 1"),
+        (not 1 <= n.get("LOCAL_WORLD_SIZE", 1) <= n["WORLD_SIZE"], "LOCAL_WORLD_SIZE runs from 1 to WORLD_SIZE"),
+        (not 1 <= n["MASTER_PORT"] <= 65535, "MASTER_PORT runs from 1 to 65535")] if fault), None)
+    if wrong:
+        given = " ".join(f"{name}={text}" for name, text in numbers.items())
+        raise BadInput(f"the launcher's variables do not agree ({given}): {wrong}")
+    return launcher
 
 
 def prepare_process():

@@ -18,7 +18,14 @@ from formatting import EXIT
 PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")
 STAGES = tuple(stages.PARTITIONS)
+# The ranges of the numbers, each at what the code can hold or what is physically meaningful:
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
+MAX_STEPS = 10**6  # each step is ~320 bytes of its rank's RESULT line (benchmarks/logs/cpu/fast-sharding): 320 MB
+MAX_TOKENS = 2**31  # a rank's tokens per step (micro batch x seq): CUDA kernels index many tensors in 32 bits
+MAX_RANKS = 2**20  # ten times the largest cluster yet (~100,000 GPUs)
+MAX_LR = 3.4e38  # float32's and bf16's largest: the optimizers apply the rate in the weights' dtype
+MAX_MEM_GIB = 2**20  # a PiB: beyond any device's or host's memory; RLIMIT_DATA holds bytes up to 2**63
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; datetime.timedelta, which carries it to torch, overflows past 8.6e13 s
 RUN_SH_OPTIONS = ("--ranks", "--stages", "--peer")  # run.sh's own; it passes every other option on to train_gpt.py
 SUGGEST_CUTOFF = 0.8  # how alike a mistyped option and a suggestion must be: difflib's 0.6 offers --seed for --peer
 # DeepCompile's default schedule compiles again after deepspeed.compile.init_z3.WARMUP (5) steps: at step 6 here
@@ -61,38 +68,35 @@ class BadInput(Exception):
 
 
 def fail(msg):
-    """Bad input: one line on stderr (from rank 0 alone, when several ranks check the same input), exit 2."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"train_gpt.py: error: {msg}", file=sys.stderr)
+    """Bad input: one line on stderr, exit 2. Every rank says it, whatever its number: a peer may have found what
+    rank 0 did not (a file missing on its node), and a RANK inherited from a pod must not silence it."""
+    rank = os.environ.get("RANK", "0")
+    print(f"train_gpt.py: error: {f'rank {rank}: ' if rank.isdecimal() and rank != '0' else ''}{msg}", file=sys.stderr)
     sys.exit(EXIT["bad input"])
 
 
-def positive(kind):
-    """An argparse type: a finite number above 0."""
+def positive(kind, high=math.inf):
+    """An argparse type: a finite number above 0, and at most high."""
     def parse(text):
         value = kind(text)
-        if not math.isfinite(value) or value <= 0:
-            raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+        if not (math.isfinite(value) and 0 < value <= high):
+            up_to = "" if high == math.inf else f" up to {high:.10g}"
+            raise argparse.ArgumentTypeError(f"must be a positive number{up_to}, not {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
 
 
-def at_least(low):
+def at_least(low, high=math.inf):
+    """An argparse type: a whole number from low to high."""
     def parse(text):
         value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, not {text}")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {text}" if high == math.inf else
+                                             f"must be a whole number from {low} to {high}, not {text}")
         return value
     parse.__name__ = "int"
     return parse
-
-
-def seed(text):
-    value = int(text)
-    if not 0 <= value < SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 2**63 - 1, not {text}")
-    return value
 
 
 def parse_args(argv, presets, here):
@@ -104,12 +108,13 @@ def parse_args(argv, presets, here):
     p.add_argument("--micro-batch", type=at_least(1),
                    help="rows per rank per step (default: the config's, or its train_batch_size over the ranks, or 2)")
     p.add_argument("--seq", type=at_least(1), help="tokens per row (default: the model's context)")
-    p.add_argument("--steps", type=at_least(1), default=3, help="training steps (default 3)")
-    p.add_argument("--lr", type=positive(float),
+    p.add_argument("--steps", type=at_least(1, MAX_STEPS), default=3, help="training steps (default 3)")
+    p.add_argument("--lr", type=positive(float, MAX_LR),
                    help="AdamW's peak learning rate, after the warm-up (default: the config's, else the preset's)")
-    p.add_argument("--warmup", type=at_least(0), default=0,
+    p.add_argument("--warmup", type=at_least(0, MAX_STEPS), default=0,
                    help="steps over which the learning rate rises linearly to --lr (default 0: none)")
-    p.add_argument("--seed", type=seed, default=0, help="seed for the weights and the data (default 0)")
+    p.add_argument("--seed", type=at_least(0, SEED_LIMIT - 1), default=0,
+                   help="seed for the weights and the data (default 0)")
     p.add_argument("--dtype", choices=PRECISIONS, help="bf16, fp16 or fp32 (default: the config's precision)")
     p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
@@ -120,14 +125,14 @@ def parse_args(argv, presets, here):
     p.add_argument("--engine", choices=ENGINES, default="deepspeed",
                    help="fsdp2: train through PyTorch's fully_shard instead, ZeRO-3's peer, with the stage-3 config's "
                         "micro batch, precision and clipping (default deepspeed)")
-    p.add_argument("--max-mem-gib", type=positive(float),
+    p.add_argument("--max-mem-gib", type=positive(float, MAX_MEM_GIB),
                    help="cap each rank's memory: the GPU allocator's share, or on a CPU the data the process adds")
-    p.add_argument("--timeout-s", type=positive(float), default=120.0,
+    p.add_argument("--timeout-s", type=positive(float, MAX_TIMEOUT_S), default=120.0,
                    help="seconds a collective may wait for a rank before the run fails (default 120)")
-    p.add_argument("--check", nargs="?", const=0, type=at_least(1), metavar="RANKS",
+    p.add_argument("--check", nargs="?", const=0, type=at_least(1, MAX_RANKS), metavar="RANKS",
                    help="check the arguments and the config for this many ranks (default: the launcher's), print "
                         "how they are read, and exit without training")
-    p.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # appended by the deepspeed launcher
+    p.add_argument("--local_rank", type=at_least(0), help=argparse.SUPPRESS)  # appended by the deepspeed launcher
     p.error = fail
     args, unknown = p.parse_known_args(argv)
     if unknown:
@@ -220,7 +225,8 @@ def config_stage(config, args, where):
 
 def micro_batch(config, args, world, where):
     """The rows per rank: --micro-batch, else the config's train_micro_batch_size_per_gpu, else its
-    train_batch_size over the ranks, else 2. A train_batch_size must agree with whichever is used."""
+    train_batch_size over the ranks, else 2. A train_batch_size must agree with whichever is used, and the rows'
+    tokens must fit MAX_TOKENS."""
     accumulation = whole(field(config, "gradient_accumulation_steps", (int, float), 1, where),
                          "gradient_accumulation_steps", where)
     if accumulation != 1:
@@ -238,6 +244,9 @@ def micro_batch(config, args, world, where):
     if total is not None and chosen[1] * world != total:
         raise BadInput(f"{chosen[0]} {chosen[1]} x {world} rank(s) contradicts train_batch_size {total} "
                        f"in config{where}")
+    if chosen[1] * args.seq > MAX_TOKENS:
+        raise BadInput(f"micro batch {chosen[1]} (from {chosen[0]}) x seq {args.seq} is over {MAX_TOKENS:,} tokens "
+                       "per rank per step, more than the kernels can index")
     return chosen
 
 
@@ -286,8 +295,9 @@ def resolve(args, config, model, preset, world, host):
         fsdp2_can_run(config, args, section, where, host)
     deepcompile(config, args, host["on_gpu"], where)
     config_lr = field(config, "optimizer.params.lr", (int, float), None, where)
-    if config_lr is not None and config_lr <= 0:
-        raise BadInput(f"config{where}: optimizer.params.lr must be positive, not {config_lr}")
+    if config_lr is not None and not 0 < config_lr <= MAX_LR:
+        raise BadInput(f"config{where}: optimizer.params.lr must be a positive number up to {MAX_LR:g}, "
+                       f"not {config_lr}")
     lr_source = "--lr" if args.lr else ("the config" if config_lr else "the preset")
     args.lr = args.lr or config_lr or default_lr
     scheduler = field(config, "scheduler", (dict,), None, where)

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from formatting import EXIT, SIGNALS
+from formatting import EXIT, SIGNALS, quiet_when_closed
 from reporting import artifacts, compare, reading, tables, verdict
 
 
@@ -67,4 +67,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    quiet_when_closed()
     sys.exit(main())

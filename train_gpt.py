@@ -191,10 +191,10 @@ def resolve(args):
             "fsdp2_missing": fsdp2.missing()}
     world = args.check or int(os.environ["WORLD_SIZE"])
     config, where = options.read_config(args.config), f" {args.config}"
-    config_checks.refuse_unknown_keys(config, where)
+    config, autos = config_checks.from_other_tools(config, shape.d_model, where)
     config, run, how = options.resolve(args, config, model, (shape.context, shape.lr), world, host)
     config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, run.micro_batch, where), where)
-    return config, run, load_tokens(args.data, shape.vocab, run.seq), how
+    return config, run, load_tokens(args.data, shape.vocab, run.seq), how + autos
 
 
 def predicted_memory(run, config, world):
@@ -360,7 +360,7 @@ def publish(r):
 
 def main(argv=None):
     try:
-        launcher = machine.adopt_launcher_env()
+        launcher = machine.checked_launcher_env()
         args = options.parse_args(argv, PRESETS, HERE)
         config, run, tokens, how = resolve(args)
     except options.BadInput as e:
