@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import config_checks
+import options
 import train_gpt
+from accounting.shapes import PRESETS
 from conftest import ROOT, assert_refused
 
 ON_GPU = torch.cuda.is_available()
@@ -78,6 +80,93 @@ def test_an_option_of_run_sh_is_named_as_run_sh_s(argv, message, check):
 
 
 # -----------------------------------------------------------------------------
+# every number has a range: what the code can hold, or what means something, checked before any launch
+
+RANGE_CASES = {
+    "a timeout beyond what timedelta holds": (["--timeout-s", "1e15"], "argument --timeout-s: must be a positive "
+                                              f"number up to {options.MAX_TIMEOUT_S}, not 1e15"),
+    "a memory cap beyond what RLIMIT_DATA holds": (["--max-mem-gib", "1e10"], "argument --max-mem-gib: must be a "
+                                                   f"positive number up to {options.MAX_MEM_GIB}, not 1e10"),
+    "more steps than a RESULT line can list": (["--steps", options.MAX_STEPS + 1], "argument --steps: must be a whole "
+                                               f"number from 1 to {options.MAX_STEPS}"),
+    "a warm-up longer than any run": (["--warmup", options.MAX_STEPS + 1], "argument --warmup: must be a whole "
+                                      f"number from 0 to {options.MAX_STEPS}"),
+    "a rate beyond float32's": (["--lr", "1e39"], "argument --lr: must be a positive number up to 3.4e+38, not 1e39"),
+    "more ranks than any cluster": (["--check", options.MAX_RANKS + 1], "argument --check: must be a whole number "
+                                    f"from 1 to {options.MAX_RANKS}"),
+    "a micro batch beyond what the kernels index": (["--micro-batch", options.MAX_TOKENS], (
+        f"micro batch {options.MAX_TOKENS} (from --micro-batch) x seq 256 is over {options.MAX_TOKENS:,} tokens "
+        "per rank per step")),
+}
+
+
+@pytest.mark.parametrize("case", RANGE_CASES)
+def test_a_number_out_of_its_range_is_refused_in_one_line(case, check):
+    argv, message = RANGE_CASES[case]
+    assert_refused(check(*argv), *fragments(message))
+
+
+@pytest.mark.parametrize("argv", [["--timeout-s", options.MAX_TIMEOUT_S], ["--max-mem-gib", options.MAX_MEM_GIB],
+                                  ["--steps", options.MAX_STEPS], ["--lr", options.MAX_LR],
+                                  ["--check", options.MAX_RANKS], ["--seed", options.SEED_LIMIT - 1],
+                                  ["--micro-batch", options.MAX_TOKENS // 256]], ids=lambda argv: argv[0])
+def test_the_top_of_each_range_passes_the_check(argv, check):
+    result = check(*argv)
+    assert result.status == 0, result
+
+
+def test_the_top_of_the_time_and_memory_ranges_is_what_the_code_can_hold():
+    """What --timeout-s and --max-mem-gib become at launch: torch's timeout, and the data segment's limit (in a
+    process of its own, which the limit would otherwise cap)."""
+    code = ("import resource, datetime, torch, machine, options; "
+            "datetime.timedelta(seconds=options.MAX_TIMEOUT_S); "
+            "machine.cap_memory(torch.device('cpu'), options.MAX_MEM_GIB); "
+            "print(resource.getrlimit(resource.RLIMIT_DATA)[0])")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) > options.MAX_MEM_GIB * 2**30
+
+
+def test_a_rate_in_the_config_out_of_its_range_is_refused(check, tmp_path):
+    config = config_file(tmp_path, {"optimizer": {"type": "AdamW", "params": {"lr": 1e39}}})
+    assert_refused(check("--config", config), f"config {config}: optimizer.params.lr must be a positive number up to")
+
+
+# -----------------------------------------------------------------------------
+# the launcher's variables, as a set: the check fixture starts from a launch of one (conftest.LAUNCHED_AS_RANK_0)
+
+LAUNCHER_CASES = {
+    "RANK without the rest": ({"RANK": "1"}, ["LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"],
+                              "RANK=1 is set but not LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
+    "LOCAL_RANK missing, as in a PyTorchJob pod": ({"RANK": "1", "WORLD_SIZE": "2"}, ["LOCAL_RANK"],
+                                                   "RANK=1 is set but not LOCAL_RANK"),
+    "RANK beyond WORLD_SIZE": ({"RANK": "2", "WORLD_SIZE": "2"}, [], "RANK runs from 0 to WORLD_SIZE - 1"),
+    "a WORLD_SIZE of 0": ({"WORLD_SIZE": "0"}, [], "WORLD_SIZE runs from 1 to"),
+    "LOCAL_RANK beyond WORLD_SIZE": ({"LOCAL_RANK": "1"}, [], "LOCAL_RANK runs from 0 to WORLD_SIZE - 1"),
+    "a LOCAL_WORLD_SIZE over WORLD_SIZE": ({"LOCAL_WORLD_SIZE": "2"}, [], "LOCAL_WORLD_SIZE runs from 1 to WORLD_SIZE"),
+    "a RANK that is not a number": ({"RANK": "one"}, [], "RANK='one' must be a whole number, 0 or more"),
+    "a negative LOCAL_RANK": ({"LOCAL_RANK": "-1"}, [], "LOCAL_RANK='-1' must be a whole number, 0 or more"),
+    "a port beyond 65535": ({"MASTER_PORT": "70000"}, [], "MASTER_PORT runs from 1 to 65535"),
+}
+
+
+@pytest.mark.parametrize("case", LAUNCHER_CASES)
+def test_launcher_variables_that_do_not_agree_are_refused_in_one_line(case, check, monkeypatch):
+    setting, unset, message = LAUNCHER_CASES[case]
+    for name, value in setting.items():
+        monkeypatch.setenv(name, value)
+    for name in unset:
+        monkeypatch.delenv(name)
+    assert_refused(check(), message)
+
+
+def test_an_error_on_a_rank_other_than_0_is_said_with_its_rank(check, monkeypatch):
+    for name, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    assert_refused(check("--lr", "nan"), "train_gpt.py: error: rank 1: argument --lr: must be a positive number")
+
+
+# -----------------------------------------------------------------------------
 # the DeepSpeed config: each case's text is written to a file, {config} in its message stands for its path
 
 CONFIG_CASES = {
@@ -121,9 +210,9 @@ CONFIG_CASES = {
 CPU_ONLY = {"fp16 enabled on a CPU machine"}
 
 
-def config_file(tmp_path, content):
+def config_file(tmp_path, content, name="config.json"):
     """content, a JSON text or what json.dumps writes, in a file."""
-    config = tmp_path / "config.json"
+    config = tmp_path / name
     config.write_text(content if isinstance(content, str) else json.dumps(content))
     return config
 
@@ -198,6 +287,93 @@ def test_max_grad_norm_among_the_optimizer_params_is_refused(check, tmp_path):
 
 
 # -----------------------------------------------------------------------------
+# configs written for other tools: Hugging Face's "auto", numbers in quotes
+
+AUTO_REFUSED = {
+    "gradient_clipping": ({"gradient_clipping": "auto"}, "the largest gradient norm, such as 1.0 (Hugging Face's "
+                                                     "default max_grad_norm), or 0 for none"),
+    "optimizer.params.betas": ({"optimizer": {"type": "AdamW", "params": {"betas": "auto"}}}, "[0.9, 0.95]"),
+    "bf16.enabled": ({"bf16": {"enabled": "auto"}}, "true or false"),
+    "scheduler.params.warmup_num_steps": ({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": "auto"}}},
+                                          "a number of steps"),
+    "wall_clock_breakdown": ({"wall_clock_breakdown": "auto"}, "the value that DeepSpeed should read"),
+}
+
+
+@pytest.mark.parametrize("key", AUTO_REFUSED)
+def test_an_auto_that_the_config_must_settle_is_refused_with_what_to_write(key, check, tmp_path):
+    content, write = AUTO_REFUSED[key]
+    config = config_file(tmp_path, content)
+    assert_refused(check("--config", config),
+                   f'config {config}: {key} is "auto", which only Hugging Face\'s Trainer fills in: write {write}')
+
+
+def test_hugging_faces_zero3_template_is_refused_in_one_line(check, tmp_path):
+    """transformers' docs/source/en/deepspeed.md, "ZeRO-3 example", as users copy it."""
+    auto = "auto"
+    config = config_file(tmp_path, {
+        "fp16": {"enabled": auto, "loss_scale": 0, "loss_scale_window": 1000, "initial_scale_power": 16,
+                 "hysteresis": 2, "min_loss_scale": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": auto, "betas": auto, "eps": auto, "weight_decay": auto}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": auto, "warmup_max_lr": auto,
+                                                     "warmup_num_steps": auto}},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                              "offload_param": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
+                              "contiguous_gradients": True, "sub_group_size": 1e9, "reduce_bucket_size": auto,
+                              "stage3_prefetch_bucket_size": auto, "stage3_param_persistence_threshold": auto,
+                              "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                              "stage3_gather_16bit_weights_on_model_save": True},
+        "gradient_accumulation_steps": auto, "gradient_clipping": auto, "steps_per_print": 2000,
+        "train_batch_size": auto, "train_micro_batch_size_per_gpu": auto, "wall_clock_breakdown": False})
+    assert_refused(check("--config", config), f'config {config}: fp16.enabled is "auto"', "write true or false")
+
+
+def test_an_auto_that_the_benchmark_sets_reads_as_absent_and_the_check_says_so(check, tmp_path):
+    autos = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+             "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
+    auto, absent = check("--config", config_file(tmp_path, autos), "--check", "2"), check(
+        "--config", config_file(tmp_path, {"optimizer": {"type": "AdamW"}}, "absent.json"), "--check", "2")
+    assert auto.status == absent.status == 0, (auto, absent)
+    assert auto.out[1] == absent.out[1]  # the same prediction
+    assert "micro batch 2 per rank (from the default)" in auto.out[0] and "lr 0.001 (from the preset" in auto.out[0]
+    assert auto.out[0].endswith('; "auto" read as: train_micro_batch_size_per_gpu as absent (--micro-batch, else 2), '
+                                "train_batch_size as absent (the micro batch x ranks), gradient_accumulation_steps "
+                                "as absent (1), optimizer.params.lr as absent (--lr, else the preset's)")
+
+
+def test_an_auto_bucket_size_is_worked_out_from_the_models_width_as_hugging_face_does(check, tmp_path):
+    d = PRESETS["tiny"].d_model
+    zero = {"stage": 3, "reduce_bucket_size": d * d, "stage3_prefetch_bucket_size": int(0.9 * d * d),
+            "stage3_param_persistence_threshold": 10 * d}
+    auto = check("--config", config_file(tmp_path, {"zero_optimization": {
+        "stage": 3, **{key: "auto" for key in zero if key != "stage"}}}))
+    written = check("--config", config_file(tmp_path, {"zero_optimization": zero}, "written.json"))
+    assert auto.status == written.status == 0, (auto, written)
+    assert auto.out[1] == written.out[1]  # the same prediction as with the numbers written out
+    assert (f"zero_optimization.reduce_bucket_size {d * d:,} (d_model², as Hugging Face's Trainer sets it), "
+            f"zero_optimization.stage3_prefetch_bucket_size {int(0.9 * d * d):,} (0.9 d_model², ") in auto.out[0]
+
+
+@pytest.mark.parametrize("content, key, value", [
+    ({"gradient_clipping": "1.0"}, "gradient_clipping", "1.0"),
+    ({"zero_optimization": {"stage": 3, "reduce_bucket_size": "5e8"}}, "zero_optimization.reduce_bucket_size", "5e8"),
+], ids=["at the top", "in zero_optimization"])
+def test_a_number_in_quotes_is_refused_with_the_number_to_write(content, key, value, check, tmp_path):
+    config = config_file(tmp_path, content)
+    assert_refused(check("--config", config),
+                   f'config {config}: {key} is the string "{value}": write the number {value}, without quotes')
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"gradient_clipping": "one"}, 'gradient_clipping must be a number, not "one"'),
+    ({"prescale_gradients": "false"}, 'prescale_gradients must be true or false, not "false"'),
+], ids=["a word for a number", "a word for true or false"])
+def test_a_value_unlike_deepspeeds_default_is_refused(content, message, check, tmp_path):
+    config = config_file(tmp_path, content)
+    assert_refused(check("--config", config), f"config {config}: {message}")
+
+
+# -----------------------------------------------------------------------------
 # the token file: the tiny model has a vocabulary of 256 and a context of 256 tokens
 
 def tokens(*ids):
@@ -250,7 +426,7 @@ def test_data_without_read_permission_is_refused_in_one_line(check, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--lr", "nan"], "argument --lr: must be a positive number, not nan"),
+    (["--lr", "nan"], "argument --lr: must be a positive number up to 3.4e+38, not nan"),
     (["--config", "run.sh"], "config run.sh is not valid JSON"),
     (["--config", "{tmp}/offload.json"], "DeepSpeed refuses it:"),
     (["--data", "{tmp}/tokens.bin"], "token ids reach 299, outside the vocabulary of 256"),
@@ -265,6 +441,17 @@ def test_a_launch_with_bad_input_prints_one_line_and_no_traceback(argv, message,
     assert "Traceback" not in proc.stdout + proc.stderr
     [line] = proc.stderr.splitlines()
     assert line.startswith("train_gpt.py: error: ") and message in line
+
+
+def test_a_launch_as_rank_1_with_bad_input_prints_its_line():
+    """The variables a PyTorchJob pod sets for its second process: rank 1 is not silenced."""
+    env = {**os.environ, "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "29500"}
+    proc = subprocess.run([sys.executable, "train_gpt.py", "--lr", "nan", "--check"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == ["train_gpt.py: error: rank 1: argument --lr: must be a positive number up to "
+                                        "3.4e+38, not nan"]
 
 
 # -----------------------------------------------------------------------------
@@ -342,6 +529,8 @@ RUN_SH_CASES = {
     "--stage": (["--stage", "3"], {}, "run.sh", "--stage is run.sh's to set"),
     "--check": (["--check"], {}, "run.sh", "run.sh checks every input before it launches; --check is not needed"),
     "--ranks with no value": (["--ranks"], {}, "run.sh", "--ranks needs a value"),
+    "more ranks than any cluster": (["--ranks", "99999999999999999999"], {}, "run.sh",
+                                    f"--ranks takes at most {options.MAX_RANKS:,} ranks a run"),
 }
 
 
