@@ -1,5 +1,5 @@
-"""Figures as text, shared by train_gpt.py's lines and report.py's tables, the exit statuses, and the
-progress lines of a run."""
+"""Figures as text, shared by train_gpt.py's lines and report.py's tables, the exit statuses, the progress
+lines of a run, and a command's output into a pipe that its reader closes."""
 import contextlib
 import os
 import sys
