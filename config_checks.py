@@ -7,6 +7,7 @@ module: it loads DeepSpeed, and with it torch, which train_gpt.py loads anyway.
 import copy
 import difflib
 import functools
+import inspect
 import json
 import math
 import sys
@@ -14,6 +15,7 @@ import typing
 
 import pydantic
 import torch
+from deepspeed.runtime import lr_schedules
 from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS, DeepSpeedConfig
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
@@ -150,16 +152,41 @@ def quoted_number(value):
         return False
 
 
-def refuse_mistyped(path, value, where):
-    """A number in quotes anywhere, and a value unlike the kind of DeepSpeed's default for a top-level key that it
-    reads as it is (gradient_clipping's 1.0, prescale_gradients' false)."""
+def built_defaults(config, section):
+    """{parameter: its default, or its annotation where that is a number's} of the class that the config's
+    optimizer (a torch.optim class of that name) or scheduler (DeepSpeed's lr_schedules) section builds."""
+    name = str((config.get(section) or {}).get("type", ""))
+    module = torch.optim if section == "optimizer" else lr_schedules
+    built = next((c for n, c in vars(module).items() if n.lower() == name.lower() and isinstance(c, type)), None)
+    if built is None:
+        return {}
+    return {n: p.annotation if p.annotation in (int, float) else p.default
+            for n, p in inspect.signature(built).parameters.items() if p.default is not p.empty}
+
+
+def expected_kind(config, path):
+    """What a value must be, from DeepSpeed's default for a top-level key that it reads as it is (gradient_clipping's
+    1.0, prescale_gradients' false) or the built class's for an optimizer's or scheduler's parameter; or None."""
+    section, _, name = path.rpartition(".params.")
+    built = section in ("optimizer", "scheduler")
+    default = built_defaults(config, section).get(name) if built else deepspeed_reads().get(path)
+    if isinstance(default, bool) or default is bool:
+        return bool, "true or false"
+    if default in (int, float) or isinstance(default, (int, float)):
+        return (int, float), "a number"
+    if isinstance(default, tuple):
+        return list, "a list of numbers"
+    return None, None
+
+
+def refuse_mistyped(config, path, value, where):
+    """A number in quotes anywhere, and a value of another kind than the one its reader takes."""
     if quoted_number(value):
         raise BadInput(f'config{where}: {path} is the string "{value}": write the number {value}, without quotes')
-    default = deepspeed_reads().get(path)
-    kind = bool if isinstance(default, bool) else (int, float) if isinstance(default, (int, float)) else None
-    if kind and (not isinstance(value, kind) or kind != bool and isinstance(value, bool)):
-        raise BadInput(f"config{where}: {path} must be {'true or false' if kind == bool else 'a number'}, "
-                       f"not {json.dumps(value)}")
+    kind, name = expected_kind(config, path)
+    if kind and (not isinstance(value, kind) or kind != bool and isinstance(value, bool)
+                 or kind == list and not all(isinstance(x, (int, float)) for x in value)):
+        raise BadInput(f"config{where}: {path} must be {name}, not {json.dumps(value)}")
 
 
 def resolve_auto(config, path, d_model, where):
@@ -183,8 +210,8 @@ def from_other_tools(config, d_model, where):
     how each "auto" was read, or ""."""
     refuse_unknown_keys(config, where)
     config = copy.deepcopy(config)
-    resolved = [resolve_auto(config, path, d_model, where) if value == "auto" else refuse_mistyped(path, value, where)
-                for path, value in list(leaves(config))]
+    resolved = [resolve_auto(config, path, d_model, where) if value == "auto"
+                else refuse_mistyped(config, path, value, where) for path, value in list(leaves(config))]
     read = [line for line in resolved if line]
     return config, f'; "auto" read as: {", ".join(read)}' if read else ""
 
