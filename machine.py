@@ -87,7 +87,12 @@ def adopt_launcher_env(env=os.environ):
 def checked_launcher_env(env=os.environ):
     """adopt_launcher_env, then the variables it leaves checked as one set: a set inherited in part (a PyTorchJob
     pod, a Slurm allocation) or mistyped stops here in one line, not later in a KeyError or a hung rendezvous."""
+    given = {name: env.get(name) for name in ("WORLD_SIZE", "LOCAL_RANK")}
     launcher = adopt_launcher_env(env)
+    overruled = [f"{name}={value}" for name, value in given.items() if value not in (None, env.get(name))]
+    if launcher == "one process" and overruled:
+        raise BadInput(f"{' '.join(overruled)} is set but not RANK, so this process would train alone: set RANK and "
+                       "the rest, or unset them")
     missing = [name for name in LAUNCHER_VARIABLES if not env.get(name)]
     if missing:
         raise BadInput(f"RANK={env['RANK']} is set but not {', '.join(missing)}: a launcher sets all of "

@@ -140,6 +140,8 @@ LAUNCHER_CASES = {
                               "RANK=1 is set but not LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
     "LOCAL_RANK missing, as in a PyTorchJob pod": ({"RANK": "1", "WORLD_SIZE": "2"}, ["LOCAL_RANK"],
                                                    "RANK=1 is set but not LOCAL_RANK"),
+    "WORLD_SIZE without RANK": ({"WORLD_SIZE": "2"}, ["RANK"], "WORLD_SIZE=2 is set but not RANK, so this process "
+                                                             "would train alone"),
     "RANK beyond WORLD_SIZE": ({"RANK": "2", "WORLD_SIZE": "2"}, [], "RANK runs from 0 to WORLD_SIZE - 1"),
     "a WORLD_SIZE of 0": ({"WORLD_SIZE": "0"}, [], "WORLD_SIZE runs from 1 to"),
     "LOCAL_RANK beyond WORLD_SIZE": ({"LOCAL_RANK": "1"}, [], "LOCAL_RANK runs from 0 to WORLD_SIZE - 1"),
