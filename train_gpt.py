@@ -360,8 +360,8 @@ def publish(r):
 
 def main(argv=None):
     try:
+        args = options.parse_args(argv, PRESETS, HERE)  # first: --help needs no launcher
         launcher = machine.checked_launcher_env()
-        args = options.parse_args(argv, PRESETS, HERE)
         config, run, tokens, how = resolve(args)
     except options.BadInput as e:
         options.fail(str(e))
