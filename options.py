@@ -25,7 +25,7 @@ MAX_TOKENS = 2**31  # a rank's tokens per step (micro batch x seq): CUDA kernels
 MAX_RANKS = 2**20  # ten times the largest cluster yet (~100,000 GPUs)
 MAX_LR = 3.4e38  # float32's and bf16's largest: the optimizers apply the rate in the weights' dtype
 MAX_MEM_GIB = 2**20  # a PiB: beyond any device's or host's memory; RLIMIT_DATA holds bytes up to 2**63
-MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; datetime.timedelta, which carries it to torch, overflows past 8.6e13 s
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; torch's gloo group takes 1e9 s, and 1e15 overflows its C int
 RUN_SH_OPTIONS = ("--ranks", "--stages", "--peer")  # run.sh's own; it passes every other option on to train_gpt.py
 SUGGEST_CUTOFF = 0.8  # how alike a mistyped option and a suggestion must be: difflib's 0.6 offers --seed for --peer
 # DeepCompile's default schedule compiles again after deepspeed.compile.init_z3.WARMUP (5) steps: at step 6 here
