@@ -132,7 +132,8 @@ WRITE_INSTEAD = {
     "optimizer.params.betas": "[0.9, 0.95], the betas of train_gpt.py's own AdamW",
     "optimizer.params.eps": "1e-8, AdamW's default", "optimizer.params.weight_decay": "0.1, as train_gpt.py's AdamW",
     "scheduler.params.warmup_min_lr": "0", "scheduler.params.warmup_max_lr": "the peak rate",
-    "scheduler.params.warmup_num_steps": "a number of steps", "scheduler.params.total_num_steps": "the run's steps (--steps)",
+    "scheduler.params.warmup_num_steps": "a number of steps",
+    "scheduler.params.total_num_steps": "the run's steps (--steps)",
     "fp16.enabled": "true or false", "bf16.enabled": "true or false"}
 
 
