@@ -16,11 +16,20 @@ from stages import DENSE, ZERO3, is_own_config
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
 
 
+def parsed(line):
+    """The result of one RESULT line, or None where the line is cut off or garbled: its rank is then unaccounted."""
+    try:
+        d = json.loads(line.partition("RESULT ")[2])  # the launcher may put a host name before the line
+        r = RankResult.from_dict(d) if isinstance(d, dict) else None
+    except (ValueError, TypeError):
+        return None
+    return r if r is not None and isinstance(r.rank, int) and isinstance(r.world_size, int) else None
+
+
 def read_results(log):
-    """The results of one log, one per rank that reported, by rank."""
-    # the launcher may put a host name before the line
+    """The results of one log, one per rank that wrote a complete RESULT line, by rank."""
     lines = Path(log).read_text(errors="replace").splitlines()
-    found = [RankResult.from_dict(json.loads(line.partition("RESULT ")[2])) for line in lines if "RESULT {" in line]
+    found = [r for r in (parsed(line) for line in lines if "RESULT {" in line) if r is not None]
     return sorted(found, key=lambda r: r.rank)
 
 
@@ -107,8 +116,17 @@ def status(results):
         return "error"
     if first(results).diverged:
         return f"diverged at step {len(results[0].steps)}"
-    missing = results[0].world_size - len(results)
-    return f"ok, {missing} rank(s) missing" if missing else "ok"
+    lost = unaccounted(results)
+    return f"rank(s) {' '.join(map(str, lost))} wrote no complete RESULT" if lost else "ok"
+
+
+def unaccounted(results):
+    """The ranks of a run that finished, as far as its results say, that wrote no complete RESULT line: a node
+    that died as it wrote, a log cut off. A run that failed is judged as failed: its launcher stops the peers of
+    a rank that fails before they report."""
+    if failed(results):
+        return []
+    return sorted(set(range(most(r.world_size for r in results))) - {r.rank for r in results})
 
 
 def offloads(results):
