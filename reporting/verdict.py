@@ -16,6 +16,7 @@ from typing import Callable
 
 import options
 from formatting import size
+from .defects import known_defects
 from .reading import failed, first, most, oom, pairs, plain, reference_rank, status, unaccounted
 from .theory import PEAK_SLACK, predicted_peak
 
@@ -337,7 +338,8 @@ def judged(criterion, *runs):
     named = runs[0] if len(runs) == 1 else {"stage 0": runs[0], "stage 3": runs[1]}
     lost = lost_ranks(named) if criterion.every_rank else {}
     state = "NOT OBSERVABLE" if lost and found[0] == "PASS" else found[0]
-    return [(criterion.name, state, criterion.say(found[1]) + (say_lost(lost) if lost else ""))]
+    defects = known_defects(criterion.name, list(named.values())) if state == "FAIL" else ""
+    return [(criterion.name, state, criterion.say(found[1]) + (say_lost(lost) if lost else "") + defects)]
 
 
 def check_pair(dense, zero3):
