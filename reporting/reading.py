@@ -221,3 +221,33 @@ def machine_of(folder):
     curves = [r.link_busbw for rs in results.values() for r in rs
               if isinstance(r.link_busbw, dict) and r.world_size <= (r.ranks_per_node or 0)]
     return found, ", ".join(devices) or None, {int(k): v for k, v in curves[0].items()} if curves else None
+
+
+# -----------------------------------------------------------------------------
+# why a run did not finish
+
+
+# What a log says of why its run stopped, the most telling kind first: a rank that stopped answering, a port
+# taken, the launcher's own check of the hosts, a folder it could not write, memory, and then any error.
+CAUSES = [re.compile(pattern) for pattern in (
+    r"failed to pass monitoredBarrier", r"EADDRINUSE|[Aa]ddress already in use", r"not reachable via ssh",
+    r"Read-only file system", r"[Oo]ut of memory", r"[Pp]ermission denied", r"\b\w*(Error|Exception)\b: \S")]
+
+
+def cause(log):
+    """The first line of a log that says why its run did not finish, by the most telling kind that any line
+    says (CAUSES), trimmed to one screen line's worth; None where no line says."""
+    lines = [line.strip() for line in Path(log).read_text(errors="replace").splitlines()
+             if "RESULT {" not in line and not line.startswith("COMMAND ")]
+    for pattern in CAUSES:
+        found = next((line for line in lines if pattern.search(line)), None)
+        if found:
+            return found[:240]
+    return None
+
+
+def cause_lines(folder, runs):
+    """One line for each run that did not finish (a failure, not a signal), with the line of its log that says
+    why."""
+    return [f"{name} did not finish ({status(rs)}): {cause(Path(folder) / f'{name}.log') or 'its log does not say why'}"
+            for name, rs in runs.items() if failed(rs) and not first(rs).interrupted_by]

@@ -181,7 +181,7 @@ def largest_gap(a, b):
     """The largest relative difference between two runs' losses, step by step; infinite where a loss is not
     finite (max() would pass over a NaN)."""
     gaps = [abs(x - y) / abs(x) for x, y in zip(a, b)]
-    return max(gaps) if all(map(math.isfinite, gaps)) else math.inf
+    return max(gaps, default=0.0) if all(map(math.isfinite, gaps)) else math.inf
 
 
 def loss_gaps(a, b):
