@@ -7,12 +7,12 @@ from accounting import predict
 from accounting.shapes import LOSS_CHUNK, PRESETS
 
 # (b) expects stage 3's peak to fall against stage 0's as predict.rank_memory predicts for the two runs, and stage
-# 3's peak may exceed its predicted share of stage 0's by this factor. At the default (1.3b, bf16, micro batch 2,
-# 4 ranks) theory predicts 4.01x, so (b) expects 3.21x or better, above the acceptance check's "about 3-4x lower
-# with 4 GPUs". The committed H200 pairs measured 0.996 of the predicted ratio at the default and 1.51 to 1.53 on
-# the tiny model, better than predicted (benchmarks/logs/cpu/verdict/peak-theory.txt). A stage 3
-# that held every block's weights whole (2.25 GiB in bf16 at 1.3b) would peak at 2.92x less: a FAIL.
-PEAK_SLACK = 1.25
+# 3's peak may exceed its predicted share of stage 0's by this factor, for what theory leaves out. At the default
+# (1.3b, bf16, micro batch 2, 4 ranks) theory predicts 4.01x, so (b) expects 3.49x or better, above the acceptance
+# check's "about 3-4x lower with 4 GPUs". The committed H200 pairs measured 0.996 of the predicted ratio at the
+# default and 1.51 to 1.53 on the tiny model (benchmarks/logs/cpu/verdict/peak-theory.txt). A stage 3 that held
+# every block's weights whole (2.25 GiB in bf16 at 1.3b) would fail: 2.92x at 4 ranks, 1.85x at 2 against 1.94x.
+PEAK_SLACK = 1.15
 
 
 def predicted_peak(r):
