@@ -4,7 +4,8 @@
 
 FAULT is one of FAULTS: a learning rate of 0, rank 1's gradients zeroed before each optimizer step, rank 1's
 shard of the weights perturbed after each step, or at stage 3 parameters kept gathered after backward: one
-block's weights whole on every rank, or every parameter."""
+block's weights whole on every rank, or every parameter; or the first 3 optimizer steps skipped, as fp16's loss
+scaler skips a step whose gradients overflow (fp16 itself needs a GPU)."""
 import sys
 from pathlib import Path
 
@@ -49,6 +50,26 @@ def keep_gathered(modules_of):
     return after_backward
 
 
+def skip_first_steps(count):
+    """The first `count` optimizer steps skipped on every rank, as DeepSpeed does on an overflow: the gradients
+    dropped, the weights and the optimizer's states untouched, and engine.was_step_applied() False."""
+    def build_skipping(*args):
+        engine = build(*args)
+        step, skipped = engine.step, []
+
+        def skipping_step(*a, **k):
+            if len(skipped) < count:
+                skipped.append(True)
+                engine.optimizer.zero_grad()
+                engine._step_applied = False
+                return None
+            return step(*a, **k)
+        engine.step = skipping_step
+        return engine
+    build = train_gpt.build_engine
+    train_gpt.build_engine = build_skipping
+
+
 def wrap_engine(before=None, after=None, after_backward=None):
     build = train_gpt.build_engine
 
@@ -81,6 +102,7 @@ FAULTS = {
     "perturb_shard": lambda: wrap_engine(after=perturb_rank1_shard),
     "keep_block": lambda: wrap_engine(after_backward=keep_gathered(lambda model: [model.blocks[0]])),
     "keep_gathered": lambda: wrap_engine(after_backward=keep_gathered(lambda model: [model])),
+    "skip_3": lambda: skip_first_steps(3),
 }
 
 if __name__ == "__main__":

@@ -4,13 +4,14 @@ of a failed run on the terminal, and DeepSpeed's known defects named. Records ar
 import json
 import shutil
 import socket
+import sys
 
 import pytest
 
 import report
 import result
 from reporting import defects, reading, theory, verdict
-from conftest import ROOT, facts, planted, run
+from conftest import ROOT, facts, free_port, planted, run
 
 GIB = 2**30
 OLDEST = ROOT / "benchmarks" / "logs" / "h200" / "25-oldest"
@@ -94,7 +95,32 @@ def test_fp16_c_judges_the_first_3_applied_steps(run_sh, tmp_path, capsys):
     assert status == report.EXIT["PASS"], out
     line = out.split("(c)")[1].splitlines()[0]
     assert "skipped as fp16's loss scale overflowed: stage 3 3" in line and "DIFFER" not in line
-    assert [row.split()[-2:] for row in out.splitlines() if row.startswith("skipped steps (fp16)")] == [["0", "3"]]
+    assert [row.split()[-2:] for row in out.splitlines() if row.startswith("skipped steps")] == [["0", "3"]]
+
+
+@pytest.fixture(scope="module")
+def skipped_3(run_sh, tmp_path_factory):
+    """Stage 3 with its first 3 optimizer steps skipped (tests/plant_fault.py skip_3, as fp16's loss scaler skips
+    on overflow) beside run_sh's healthy stage 0."""
+    folder = tmp_path_factory.mktemp("skip3")
+    shutil.copy(run_sh.folder / "stage0.log", folder)
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         "tests/plant_fault.py", "skip_3", "--stage", "3"], log=folder / "stage3.log")
+    return folder
+
+
+def test_a_run_trains_until_its_steps_are_applied_on_the_same_rows(skipped_3, run_sh):
+    [r, *_] = reading.read_results(skipped_3 / "stage3.log")
+    assert [s["applied"] for s in r.steps] == [False] * 3 + [True] * 3
+    assert len({s["loss"] for s in r.steps[:4]}) == 1  # nothing trained: the same rows, the same loss
+    dense = reading.read_results(run_sh.folder / "stage0.log")[0]
+    assert r.trained_losses == pytest.approx(dense.trained_losses, rel=verdict.LOSS_RTOL)
+
+
+def test_skipped_steps_leave_the_verdict_to_the_applied_ones(skipped_3, capsys):
+    status, out = reported(skipped_3, capsys)
+    assert status == report.EXIT["PASS"], out
+    assert "skipped as fp16's loss scale overflowed: stage 3 3" in out.split("(c)")[1].splitlines()[0]
 
 
 def test_fp16_with_no_step_applied_leaves_b_and_c_not_observable(run_sh, tmp_path, capsys):
