@@ -52,5 +52,8 @@ class Engine:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+    def was_step_applied(self):
+        return True  # no loss scaler skips a step
+
     def get_lr(self):
         return [group["lr"] for group in self.optimizer.param_groups]

@@ -33,6 +33,10 @@ DEEPCOMPILE_RECOMPILE_STEP = 6
 # The first steps train on the same rows (train_gpt.get_batch), and verdict (c) judges that the loss falls at
 # each of them: training on one batch must lower its loss, whatever the batch ("overfit one batch").
 SAME_ROWS_STEPS = 3
+# fp16's dynamic loss scaler skips a step whose gradients overflow: a run trains until --steps steps have been
+# applied, skipping at most this many besides. DeepSpeed's scale starts at 2^16 and halves from the second
+# overflow on (hysteresis 2) down to 1: 17 overflows in a row, after which it raises.
+MAX_SKIPPED_STEPS = 17
 # A loss above this multiple of the first step's has diverged: the run stops there, as for a loss that is not finite.
 DIVERGED_FACTOR = 10
 

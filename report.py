@@ -46,6 +46,8 @@ def report(folder, write):
         print(f"\nVERDICT: INTERRUPTED by {stopped_by}: " + "; ".join(verdict.progress_lines(runs)))
     else:
         print(f"\nVERDICT: {overall}")
+    for line in reading.cause_lines(folder, runs):  # under the verdict, why each failed run stopped
+        print(line)
     written = artifacts.write(folder, runs, checks, overall, time.time()) if write else []
     print(artifacts.results_line(folder, written))
     return 128 + SIGNALS.get(stopped_by, SIGNALS["SIGTERM"]) if stopped_by else EXIT[overall]

@@ -109,7 +109,9 @@ class RankResult:
     device_total_bytes: int = None
     host_peak_rss_bytes: int = None
     # training
-    steps: list = field(default_factory=list)  # per step: step, loss, lr, time_s, the memory snapshot, comm
+    # per step: step, loss, lr, applied (False where fp16's loss scaler found an overflow and skipped the update;
+    # absent, True, in older logs), loss_scale (fp16's, after the step), time_s, the memory snapshot, comm
+    steps: list = field(default_factory=list)
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
     link_busbw: dict = None  # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
@@ -144,6 +146,18 @@ class RankResult:
     @property
     def losses(self) -> list:
         return [s["loss"] for s in self.steps] or None
+
+    @property
+    def trained_losses(self) -> list:  # the loss before each applied update: a skipped step only repeats it
+        return [s["loss"] for s in self.steps if s.get("applied", True)] or None
+
+    @property
+    def applied_steps(self) -> int:
+        return sum(s.get("applied", True) for s in self.steps)
+
+    @property
+    def skipped_steps(self) -> int:  # as DeepSpeed's engine.skipped_steps counts them
+        return len(self.steps) - self.applied_steps
 
     @property
     def first_loss(self) -> float:
@@ -305,11 +319,14 @@ def result_line(r):
 
 
 def step_line(r, s):
-    """One step as the terminal shows it as it runs."""
+    """One step as the terminal shows it as it runs; once one is skipped, how many of --steps were applied."""
     tflops = r.tflops_at(s["time_s"])
+    skipped = ("  SKIPPED: overflow, weights not updated" if not s.get("applied", True) else
+               f"  applied {r.applied_steps} of {r.steps_planned}" if r.skipped_steps else "")
+    scale = f"  loss scale {s['loss_scale']:g}{skipped}" if s.get("loss_scale") is not None else skipped
     return (f"step {s['step']}/{r.steps_planned}  loss {s['loss']:.4f}  lr {s['lr']:.2e}  time {s['time_s']:.3f}s  "
             f"mem {gib(s['peak_mem_bytes']):.2f} GiB  tok/s {r.tokens_per_step() / s['time_s']:,.0f}  "
-            f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}")
+            f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}{scale}")
 
 
 def kinds_text(breakdown):

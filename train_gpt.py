@@ -123,27 +123,30 @@ def all_reduced_loss(loss, device):
 
 
 def train(engine, run, tokens, device, r):
-    """Run the steps into r.steps: loss, rate, time, peak memory and the bytes of each kind of collective. With
-    NCCL between ranks, from 3 steps on, the last runs under the profiler, which times NCCL's kernels. A signal
-    or a diverged loss ends the steps early, on every rank at once."""
+    """Run the steps into r.steps (result.RankResult.steps) until --steps have been applied: rows and rate follow
+    the applied steps, so a skipped one is tried again. With NCCL between ranks, from 3 steps on, the last runs
+    under the profiler, which times NCCL's kernels. A signal or a diverged loss ends the steps on every rank."""
     nccl = device.type == "cuda" and r.world_size > 1 and not r.rehearsal
     Stop.phase = "training"
-    for step in range(1, run.steps_planned + 1):
-        x, y = get_batch(tokens, run.seed, step, r.rank, run.micro_batch, r.world_size, run.seq, device)
-        last = step == run.steps_planned
-        with comms.step(device, profiled=last and step >= 3 and nccl) as comm:
-            loss, signalled, elapsed = timed_step(engine, run, step, x, y, device, r if last else None)
-        s = {"step": step, "loss": loss / r.world_size, "lr": engine.get_lr()[0], "time_s": elapsed,
-             **measure.memory_snapshot(device), **comm}
+    for step in range(1, run.steps_planned + options.MAX_SKIPPED_STEPS + 1):
+        trained = r.applied_steps  # the step counts as the next one trained: its rows, its rate
+        x, y = get_batch(tokens, run.seed, trained + 1, r.rank, run.micro_batch, r.world_size, run.seq, device)
+        last = trained + 1 == run.steps_planned
+        with comms.step(device, profiled=last and trained >= 2 and nccl) as comm:
+            loss, signalled, elapsed = timed_step(engine, run, trained + 1, x, y, device, r if last else None)
+        s = {"step": step, "loss": loss / r.world_size, "lr": engine.get_lr()[0], "applied": engine.was_step_applied(),
+             "loss_scale": getattr(engine.optimizer, "cur_scale", None) if run.dtype == "fp16" else None,
+             "time_s": elapsed, **measure.memory_snapshot(device), **comm}
         r.steps.append(s)
-        if step == min(options.SAME_ROWS_STEPS, run.steps_planned):  # the weights that the verdict's (c) compares
-            r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device)
+        if s["applied"] and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
+            r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device)  # what (c) compares
         log(r.rank, result.step_line(r, s))
         Stop.signalled = signalled
         Stop.reason = f"interrupted by {Stop.interrupted_by(True)}" if signalled else diverged(s["loss"], r.first_loss)
-        if Stop.reason:
-            log(r.rank, f"stopped after step {step} of {run.steps_planned}: {Stop.reason}")
+        if Stop.reason or r.applied_steps == run.steps_planned:
             break
+    if Stop.reason:
+        log(r.rank, f"stopped after step {step} of {run.steps_planned}: {Stop.reason}")
     Stop.phase = "done"
 
 

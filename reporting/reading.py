@@ -16,11 +16,20 @@ from stages import DENSE, ZERO3, is_own_config
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
 
 
+def parsed(line):
+    """The result of one RESULT line, or None where the line is cut off or garbled: its rank is then unaccounted."""
+    try:
+        d = json.loads(line.partition("RESULT ")[2])  # the launcher may put a host name before the line
+        r = RankResult.from_dict(d) if isinstance(d, dict) else None
+    except (ValueError, TypeError):
+        return None
+    return r if r is not None and isinstance(r.rank, int) and isinstance(r.world_size, int) else None
+
+
 def read_results(log):
-    """The results of one log, one per rank that reported, by rank."""
-    # the launcher may put a host name before the line
+    """The results of one log, one per rank that wrote a complete RESULT line, by rank."""
     lines = Path(log).read_text(errors="replace").splitlines()
-    found = [RankResult.from_dict(json.loads(line.partition("RESULT ")[2])) for line in lines if "RESULT {" in line]
+    found = [r for r in (parsed(line) for line in lines if "RESULT {" in line) if r is not None]
     return sorted(found, key=lambda r: r.rank)
 
 
@@ -107,8 +116,17 @@ def status(results):
         return "error"
     if first(results).diverged:
         return f"diverged at step {len(results[0].steps)}"
-    missing = results[0].world_size - len(results)
-    return f"ok, {missing} rank(s) missing" if missing else "ok"
+    lost = unaccounted(results)
+    return f"rank(s) {' '.join(map(str, lost))} wrote no complete RESULT" if lost else "ok"
+
+
+def unaccounted(results):
+    """The ranks of a run that finished, as far as its results say, that wrote no complete RESULT line: a node
+    that died as it wrote, a log cut off. A run that failed is judged as failed: its launcher stops the peers of
+    a rank that fails before they report."""
+    if failed(results):
+        return []
+    return sorted(set(range(most(r.world_size for r in results))) - {r.rank for r in results})
 
 
 def offloads(results):
@@ -203,3 +221,33 @@ def machine_of(folder):
     curves = [r.link_busbw for rs in results.values() for r in rs
               if isinstance(r.link_busbw, dict) and r.world_size <= (r.ranks_per_node or 0)]
     return found, ", ".join(devices) or None, {int(k): v for k, v in curves[0].items()} if curves else None
+
+
+# -----------------------------------------------------------------------------
+# why a run did not finish
+
+
+# What a log says of why its run stopped, the most telling kind first: a rank that stopped answering, a port
+# taken, the launcher's own check of the hosts, a folder it could not write, memory, and then any error.
+CAUSES = [re.compile(pattern) for pattern in (
+    r"failed to pass monitoredBarrier", r"EADDRINUSE|[Aa]ddress already in use", r"not reachable via ssh",
+    r"Read-only file system", r"[Oo]ut of memory", r"[Pp]ermission denied", r"\b\w*(Error|Exception)\b: \S")]
+
+
+def cause(log):
+    """The first line of a log that says why its run did not finish, by the most telling kind that any line
+    says (CAUSES), trimmed to one screen line's worth; None where no line says."""
+    lines = [line.strip() for line in Path(log).read_text(errors="replace").splitlines()
+             if "RESULT {" not in line and not line.startswith("COMMAND ")]
+    for pattern in CAUSES:
+        found = next((line for line in lines if pattern.search(line)), None)
+        if found:
+            return found[:240]
+    return None
+
+
+def cause_lines(folder, runs):
+    """One line for each run that did not finish (a failure, not a signal), with the line of its log that says
+    why."""
+    return [f"{name} did not finish ({status(rs)}): {cause(Path(folder) / f'{name}.log') or 'its log does not say why'}"
+            for name, rs in runs.items() if failed(rs) and not first(rs).interrupted_by]

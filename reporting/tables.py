@@ -96,6 +96,8 @@ COMPARISON = [
     ("nvlink", "  NVLink GB/s", lambda rs: gbps(first(rs).link_bytes_per_s), ",.0f", None, True, False),
     ("first_loss", "first loss", lambda rs: first(rs).first_loss, ".4f", None, False, False),
     ("last_loss", "last loss", lambda rs: (first(rs).losses or [None])[-1], ".4f", None, False, False),
+    ("skipped_steps", "skipped steps", lambda rs: first(rs).skipped_steps if first(rs).dtype == "fp16"
+     or first(rs).skipped_steps else None, "d", None, True, False),  # fp16's loss scaler skips on overflow
     ("step_time_s", "step time s", lambda rs: first(rs).step_time_s, ".3f", FASTER[::-1], False, True),
     ("timed_from", "  timed from step", lambda rs: first(rs).timed_from if first(rs).deepcompile else None, "d", None,
      True, False),

@@ -335,7 +335,8 @@ def planted_faults(tmp_path_factory, run_sh):
     """Results folders that pair run_sh's healthy stage-0 log with a stage-3 run carrying one planted fault
     (tests/plant_fault.py), and, for a rate of 0, a stage-0 run with it too, so that the two stages agree."""
     folders = {}
-    for fault, stages in {"lr0": (0, 3), "zero_grads": (3,), "perturb_shard": (3,)}.items():
+    for fault, stages in {"lr0": (0, 3), "zero_grads": (3,), "perturb_shard": (3,), "keep_block": (3,),
+                          "keep_gathered": (3,)}.items():
         folder = tmp_path_factory.mktemp(fault)
         for stage in (0, 3):
             log = folder / f"stage{stage}.log"

@@ -24,7 +24,8 @@ def test_the_first_steps_train_on_the_same_rows_and_later_steps_draw_fresh_ones(
     assert not (rows[0] == rows[3]).all() and not (rows[3] == rows[4]).all()
 
 
-@pytest.mark.parametrize("fault, criterion", [("lr0", "(c)"), ("zero_grads", "(c)"), ("perturb_shard", "(c)")])
+@pytest.mark.parametrize("fault, criterion", [("lr0", "(c)"), ("zero_grads", "(c)"), ("perturb_shard", "(c)"),
+                                             ("keep_block", "(d)"), ("keep_gathered", "(d)")])
 def test_a_planted_fault_fails_the_verdict(fault, criterion, planted_faults, capsys):
     assert report.main([str(planted_faults[fault])]) == report.EXIT["FAIL"]
     out = capsys.readouterr().out
