@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import stages
-from accounting import predict
+from accounting import predict, timing
 from accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
 from formatting import EXIT, format_table, gib
 from options import BadInput, at_least, positive  # the same checks as train_gpt.py's inputs
@@ -85,32 +85,32 @@ def bus_bandwidth(args, link, kind, stage, engine, model, zero):
     """The bus bandwidth a collective gets: within a node, the measured link's curve (--from) read at the size
     of one of its calls, else the flag or the assumption; across nodes, the network's."""
     if link == "intra" and args.link_curve:
-        return predict.read_curve(args.link_curve, predict.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
+        return predict.read_curve(args.link_curve, timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
     return 1e9 * (args.inter_busbw_gbs if link == "inter" else args.intra_busbw_gbs)
 
 
-def timing(setup, model, args, world, zero):
+def step_time(setup, model, args, world, zero):
     """One rank's step: compute at the MFU, each collective over the slowest link it crosses (the network
     once the ranks span nodes), offload's copies over PCIe, and the step serial and overlapped."""
     stage, engine = SETUPS[setup]
     link = "inter" if world > args.gpus_per_node else "intra"
     comm = [{"kind": kind, "phase": phase, "bytes": nbytes,
-             "s": predict.ring_seconds(kind, nbytes, world, bus_bandwidth(args, link, kind, stage, engine, model, zero))}
-            for kind, phase, nbytes in predict.collectives(stage, engine, WIDTH, model.params, model.root)]
+             "s": timing.ring_seconds(kind, nbytes, world, bus_bandwidth(args, link, kind, stage, engine, model, zero))}
+            for kind, phase, nbytes in timing.collectives(stage, engine, WIDTH, model.params, model.root)]
     if offloads(setup, args.offload):
         comm += [{"kind": "host_copy", "phase": phase, "bytes": nbytes, "s": nbytes / (1e9 * args.host_gbs)}
-                 for phase, nbytes in predict.host_copies(WIDTH, model.params / world)]
+                 for phase, nbytes in timing.host_copies(WIDTH, model.params / world)]
     layers, d_model = (model.shape.layers, model.shape.d_model) if model.shape else (None, 0)
     per_token = predict.flops_per_token(model.params, layers or 0, d_model, args.seq)
-    flops = predict.pass_flops(args.micro_batch * args.seq * per_token, args.checkpoint)
+    flops = timing.pass_flops(args.micro_batch * args.seq * per_token, args.checkpoint)
     compute = {p: f / (args.mfu * args.peak_tflops * 1e12) for p, f in flops.items()}
-    step = predict.step_seconds(compute, [(c["phase"], c["s"]) for c in comm], layers)
+    step = timing.step_seconds(compute, [(c["phase"], c["s"]) for c in comm], layers)
     return {"link": link if world > 1 else "none", "compute_s": sum(compute.values()), "comm": comm,
             "comm_s": sum(c["s"] for c in comm), "step_s": step}
 
 
 def row(setup, model, args, world, zero):
-    m, t = memory(setup, model, args, world, zero), timing(setup, model, args, world, zero)
+    m, t = memory(setup, model, args, world, zero), step_time(setup, model, args, world, zero)
     tokens = args.micro_batch * args.seq
     return {"setup": setup, "gpus": world, "nodes": -(-world // args.gpus_per_node), **m,
             "fits": m["peak"] <= args.gpu_mem_gib * 2**30, **t,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import plan
-from accounting import predict
+from accounting import predict, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, GIB = 1e9, 2**30
@@ -101,22 +101,22 @@ def test_torchtitans_memory_drop_from_8_to_128_gpus_is_planned_within_10_percent
 # the arithmetic plan.py adds to predict.py
 
 def test_a_ring_collective_sends_its_bus_factor_of_the_bytes_at_the_bus_bandwidth():
-    assert predict.ring_seconds("all_gather", 8e9, 8, 100e9) == pytest.approx(8e9 * 7 / 8 / 100e9)
-    assert predict.ring_seconds("all_reduce", 8e9, 8, 100e9) == pytest.approx(2 * 8e9 * 7 / 8 / 100e9)
-    assert predict.ring_seconds("reduce_scatter", 8e9, 1, 100e9) == 0
+    assert timing.ring_seconds("all_gather", 8e9, 8, 100e9) == pytest.approx(8e9 * 7 / 8 / 100e9)
+    assert timing.ring_seconds("all_reduce", 8e9, 8, 100e9) == pytest.approx(2 * 8e9 * 7 / 8 / 100e9)
+    assert timing.ring_seconds("reduce_scatter", 8e9, 1, 100e9) == 0
 
 
 def test_checkpointing_recomputes_the_forward_in_backward_a_third_more_compute():
-    assert predict.pass_flops(6.0, False) == {"forward": 2.0, "backward": 4.0}
-    assert predict.pass_flops(6.0, True) == {"forward": 2.0, "backward": 6.0}
+    assert timing.pass_flops(6.0, False) == {"forward": 2.0, "backward": 4.0}
+    assert timing.pass_flops(6.0, True) == {"forward": 2.0, "backward": 6.0}
 
 
 def test_a_pass_hides_its_collectives_but_one_layers_share_and_those_after_backward_add_whole():
     compute = {"forward": 1.0, "backward": 2.0}
-    step = predict.step_seconds(compute, [("forward", 0.5), ("backward", 4.0), ("after", 0.25)], layers=4)
+    step = timing.step_seconds(compute, [("forward", 0.5), ("backward", 4.0), ("after", 0.25)], layers=4)
     assert step["serial"] == pytest.approx(3 + 4.75)
     assert step["overlapped"] == pytest.approx((1 + 0.5 / 4) + (3 + 4 / 4) + 0.25)
-    assert predict.step_seconds(compute, [("forward", 0.5)], layers=None)["overlapped"] == 3
+    assert timing.step_seconds(compute, [("forward", 0.5)], layers=None)["overlapped"] == 3
 
 
 def counted_bytes(summary, run):
@@ -135,7 +135,7 @@ def test_planned_collectives_are_the_bytes_a_two_gpu_run_counted_within_2_percen
     counted, record = counted_bytes(summary, run)
     shape = plan.PRESETS[record["model"]]
     planned_bytes = {}
-    for kind, _, nbytes in predict.collectives(stage, engine, 2, record["params_total"], shape.root_params):
+    for kind, _, nbytes in timing.collectives(stage, engine, 2, record["params_total"], shape.root_params):
         planned_bytes[kind] = planned_bytes.get(kind, 0) + nbytes
     assert planned_bytes.keys() == counted.keys()
     assert all(planned_bytes[k] == pytest.approx(counted[k], rel=0.02) for k in counted)
@@ -205,7 +205,7 @@ def test_a_measured_links_curve_is_read_at_each_collectives_call_size(capsys, tm
     busbw = predict.read_curve({int(k): v for k, v in curve.items()}, 2 * block)
     [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
     assert 20 * GB < busbw < 300 * GB
-    assert gather["s"] == pytest.approx(predict.ring_seconds("all_gather", gather["bytes"], 2, busbw))
+    assert gather["s"] == pytest.approx(timing.ring_seconds("all_gather", gather["bytes"], 2, busbw))
 
 
 def test_a_bandwidth_given_stands_for_every_size_of_a_measured_curve(capsys, tmp_path):
@@ -213,4 +213,4 @@ def test_a_bandwidth_given_stands_for_every_size_of_a_measured_curve(capsys, tmp
     (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage3": [r]}}))
     p = planned(capsys, "--from", tmp_path, "--stages", "3", "--gpus", 2, "--intra-busbw-gbs", 100)
     [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
-    assert gather["s"] == pytest.approx(predict.ring_seconds("all_gather", gather["bytes"], 2, 100 * GB))
+    assert gather["s"] == pytest.approx(timing.ring_seconds("all_gather", gather["bytes"], 2, 100 * GB))
