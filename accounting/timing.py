@@ -65,3 +65,9 @@ def step_seconds(compute, comm, layers):
     alone = 1 / layers if layers else 0
     overlapped = sum(max(compute[p], (1 - alone) * in_pass[p]) + alone * in_pass[p] for p in compute) + after
     return {"serial": sum(compute.values()) + sum(s for _, s in comm), "overlapped": overlapped}
+
+
+def param_fetches(width, shard):
+    """With the parameters on the host too (ZeRO-Infinity's offload_param), each rank copies its 16-bit
+    partition in for forward and again for backward: (phase, bytes) over PCIe."""
+    return [("forward", width * shard), ("backward", width * shard)]
