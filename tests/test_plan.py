@@ -356,3 +356,29 @@ def test_the_allocators_reserve_covers_every_committed_h200_run_that_records_its
                  predict.frees_grads(r.stage, r.engine) else 0}
             worst = max(worst, max(s["peak_reserved_bytes"] for s in r.steps) - predict.reserved_bytes(m))
     assert 1 * GIB < worst <= plan.ASSUMED["reserve_gib"][0] * GIB
+
+
+# -----------------------------------------------------------------------------
+# a plan checked against measured steps (issue 33, item 4): from the one-GPU run at micro batch 2
+
+PEAKS = ROOT / "benchmarks/logs/h200/24-peaks/results"
+ONE_GPU = PEAKS / "20261201-134338-xPdh"  # 1 rank, micro batch 2, checkpointing: stages 0, 3 and FSDP2
+
+
+def measured_runs(folder):
+    return {name: rs[0] for name, rs in json.loads((folder / "summary.json").read_text())["results"].items()}
+
+
+@pytest.mark.parametrize("folder, argv", [
+    ("20261201-134046-6F1B", ["--gpus", 4, "--gpus-per-node", 4]),  # the 4-rank rehearsal, micro batch 2
+    ("20261201-134434-1cTy", ["--gpus", 1, "--micro-batch", 16]),  # one rank at micro batch 16
+])
+def test_a_plan_from_the_one_gpu_run_gives_another_runs_states_within_1_and_peak_within_5_percent(folder, argv,
+                                                                                                  capsys):
+    p = planned(capsys, "--from", ONE_GPU, "--stages", "0", "3", *argv)
+    for name, r in measured_runs(PEAKS / folder).items():
+        if name in ("stage0", "stage3"):
+            [row] = [x for x in p["rows"] if x["setup"] == name[-1]]
+            states = sum(v for k, v in r["model_state_breakdown"].items() if k != "other")
+            assert row["states"] == pytest.approx(states, rel=0.01)
+            assert row["peak"] == pytest.approx(max(s["peak_mem_bytes"] for s in r["steps"]), rel=0.05)
