@@ -44,7 +44,8 @@ ASSUMED = {
     "inter_busbw_gbs": (45.0, "400 Gb/s InfiniBand per GPU = 50 GB/s, at about 0.9 efficiency"),
     "host_gbs": (50.0, "PCIe 5.0 x16: 64 GB/s each way, about 0.8 of it achieved (offload's copies only)"),
     "reserve_gib": (2.0, "the allocator's reserve beyond the reserved bytes predicted: at most 1.92 GiB in any "
-                         "committed H200 run that records its config (stage 3, 8 rehearsed ranks, 24-peaks)"),
+                         "committed H200 run that records its config (stage 3, 8 rehearsed ranks, 24-peaks); stages "
+                         "1 and 2, in older runs, reserved up to 4.62 GiB beyond (h200/5-stages-offload-cap)"),
     "context_gib": (0.5, "the CUDA context, NCCL's and cuBLAS's own memory outside torch's allocator: not measured "
                          "here, as torch does not see it"),
 }
