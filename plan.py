@@ -159,7 +159,8 @@ def row(setup, model, args, world, zero):
     left = headroom_left(m, args)
     return {"setup": setup, "gpus": world, "nodes": -(-world // args.gpus_per_node), **m,
             "deepspeed_estimate": estimate(setup, model, args, world),
-            "host_per_node": m["host_states"] * min(world, args.gpus_per_node), "headroom_left": left,
+            "host_per_node": (m["host_states"] + m["host_buffers"]) * min(world, args.gpus_per_node),
+            "headroom_left": left,
             "fits": left >= 0, **t, "tokens_per_s_per_gpu": {mode: tokens / t["step_s"][mode] for mode in MODES}}
 
 

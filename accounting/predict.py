@@ -44,6 +44,14 @@ def shard_elems(stage, total, local, world):
     return local if shards_params(stage) else total / world if splits_one_buffer(stage) else total
 
 
+def host_buffer_bytes(shard, offload):
+    """What the host holds besides the offloaded model states: the CPU optimizer's fp32 gradients, one per
+    partition element, into which each rank copies its 16-bit ones (stage3.py: fp32_partitioned_groups_flat's
+    grad; stage_1_and_2.py: single_partition_of_fp32_groups' grad). The census counts them as the host's other
+    tensors: 5.25 GB at 1.3b on one H200, 4 bytes a parameter (benchmarks/logs/h200/5-stages-offload-cap)."""
+    return MASTER_BYTES * shard if offload["optimizer"] else 0
+
+
 def host_kinds(offload):
     """The kinds of model state in host memory: with the optimizer offloaded (ZeRO-Offload), the gradient
     partitions it steps on besides its fp32 weights and moments; with the parameters too (ZeRO-Infinity),
@@ -275,6 +283,7 @@ def rank_memory(stage, engine, dtype, world, params, zero, shape=None, *, shard=
     device = sum(v for k, v in states.items() if k not in on_host) + kept
     freed = states["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
     m = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
+         "host_buffers": host_buffer_bytes(shard, offload) if on_gpu else 0,
          "buffers": buffer_bytes(stage, engine, width, zero), "workspace": WORKSPACE_BYTES if on_gpu else 0,
          "freed_grads": freed,
          "gathered": gathered_bytes(stage, engine, width, world, block, embedding, root,

@@ -85,8 +85,9 @@ ESTIMATOR_GAPS = {
          "largest layer",
 }
 OFFLOAD_NOTES = [
-    "host/node in GiB: the model states offloaded by the ranks of one node (ZeRO-Offload: gradients, fp32 weights",
-    "  and moments; ZeRO-Infinity's --offload-param: the 16-bit weights besides); the CPU optimizer's time is not planned",
+    "host/node in GiB: what the ranks of one node offload (ZeRO-Offload: gradients, fp32 weights and moments, and the",
+    "  CPU optimizer's fp32 gradients; --offload-param: the 16-bit weights besides); not the processes' own memory,",
+    "  nor the CPU optimizer's time",
 ]
 
 

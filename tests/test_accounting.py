@@ -473,3 +473,17 @@ def test_stages_1_and_2_are_predicted_within_5_percent_on_2_and_4_h200_ranks_but
                 if abs(miss) > PEAK_TOLERANCE:
                     misses[f"{Path(path).parent.name} {run}"] = round(miss, 3)
     assert covered == 2 * (2 + 4) and misses == STAGE_1_2_MISSES
+
+
+@pytest.mark.parametrize("run", ["stage3_offload", "stage3_infinity"])
+@pytest.mark.parametrize("path", ["h200/5-stages-offload-cap/offload-1rank/summary.json",
+                                  "h200/5-stages-offload-cap/all-stages-4ranks/summary.json"])
+def test_the_host_holds_the_offloaded_states_and_the_cpu_optimizers_fp32_gradients_within_1_percent(path, run):
+    """Against the census of the host's tensors, its other tensors included (offload reads no zero setting that
+    the host's figure uses). The processes' resident memory besides (the runtime, pinned staging, the CPU
+    optimizer's temporaries) is not predicted."""
+    for r in committed(path, run):
+        shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
+        m = predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, r.params_total, {}, shard=shard,
+                                persistent=r.persistent_elems, offload=r.offload)
+        assert m["host_states"] + m["host_buffers"] == pytest.approx(sum(r.host_state_breakdown.values()), rel=0.01)

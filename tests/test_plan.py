@@ -327,7 +327,7 @@ def test_parameter_offload_leaves_stage_3_nothing_but_its_buffers_on_the_gpu_and
     p = planned(capsys, "--gpus", 8, "--offload-param")
     three = rows(p, "3")[8]
     assert p["labels"]["3"] == "3+offload-param" and p["labels"]["2"] == "2+offload" and p["labels"]["0"] == "0"
-    assert three["states"] == 0 and three["host_per_node"] == pytest.approx(8 * 16 * p["model"]["params"] / 8, rel=1e-6)
+    assert three["states"] == 0 and three["host_per_node"] == pytest.approx(8 * (16 + 4) * p["model"]["params"] / 8, rel=1e-6)
     assert any(c["phase"] == "forward" and c["kind"] == "host_copy" for c in three["comm"])
 
 
