@@ -51,9 +51,10 @@ ASSUMED = {
 }
 # The ranges of the numbers: what the arithmetic holds and what is physically meaningful.
 MAX_PARAMS = 1e14  # 50x the largest dense model trained
-TOO_MANY = {"gpus": (MAX_GPUS, "the search's end"), "layers": (10**5, "layers"), "d_model": (2**20, "d_model"),
-            "heads": (2**16, "heads"), "vocab": (2**26, "vocabulary"), "seq": (2**26, "tokens"),
-            "micro_batch": (2**20, "rows"), "gpus_per_node": (2**10, "GPUs in one node")}
+TOO_MANY = {"gpus": (MAX_GPUS, "where the search for the fewest that fit ends"), "layers": (10**5, "layers"),
+            "d_model": (2**20, "d_model"), "heads": (2**16, "heads"), "vocab": (2**26, "tokens in a vocabulary"),
+            "seq": (2**26, "tokens in a row"), "micro_batch": (2**20, "rows"),
+            "gpus_per_node": (2**10, "GPUs in a node")}
 UNITS = {"gpu_mem_gib": 2**20, "peak_tflops": 1e6, "mfu": 1, "intra_busbw_gbs": 1e5, "inter_busbw_gbs": 1e5,
          "host_gbs": 1e5, "reserve_gib": 2**20, "context_gib": 2**20}
 # What each setup is: a ZeRO stage and the engine that runs it.
@@ -208,11 +209,12 @@ def assumed(key):
 
 
 def whole(key):
-    return between(int, 1, TOO_MANY[key][0], f"the most {TOO_MANY[key][1]} planned")
+    high, what = TOO_MANY[key]
+    return between(int, 1, high, what if key == "gpus" else f"the most {what} plan.py plans")
 
 
 def amount(key):
-    return between(float, 0, UNITS[key], "the most planned", low_allowed=key in ("reserve_gib", "context_gib"))
+    return between(float, 0, UNITS[key], "the most plan.py plans", low_allowed=key in ("reserve_gib", "context_gib"))
 
 
 def parse_args(argv):

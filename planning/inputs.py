@@ -24,11 +24,16 @@ def between(kind, low, high, why, low_allowed=True):
     def parse(text):
         value = kind(text)
         if not (math.isfinite(value) and (low <= value if low_allowed else low < value) and value <= high):
-            least = f"from {low:g}" if low_allowed else f"above {low:g}"
-            raise argparse.ArgumentTypeError(f"must be {least} to {high:g} ({why}), not {text}")
+            least = f"from {number(low)}" if low_allowed else f"above {number(low)}"
+            raise argparse.ArgumentTypeError(f"must be {least} to {number(high)} ({why}), not {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
+
+
+def number(x):
+    """A range's end as a user would write it: 1,048,576, or 1e+14."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e9 else f"{x:g}"
 
 
 # The types of what plan.py reads of a record: whole numbers (and their least), and positive finite numbers.
