@@ -126,7 +126,8 @@ def step_time(setup, model, args, world, zero):
     comm = [{"kind": kind, "phase": phase, "bytes": nbytes,
              "s": timing.ring_seconds(kind, nbytes, world, bus_bandwidth(args, link, kind, stage, engine, model, zero))}
             for kind, phase, nbytes in timing.collectives(stage, engine, WIDTH, model.params, model.root)]
-    copies = timing.host_copies(WIDTH, model.params / world) if offloads(setup, args.offload or args.offload_param) else []
+    offloaded = offloads(setup, args.offload or args.offload_param)
+    copies = timing.host_copies(WIDTH, model.params / world) if offloaded else []
     copies += timing.param_fetches(WIDTH, model.params / world) if offloads_params(setup, args) else []
     comm += [{"kind": "host_copy", "phase": phase, "bytes": nbytes, "s": nbytes / (1e9 * args.host_gbs)}
              for phase, nbytes in copies]

@@ -95,7 +95,8 @@ def headroom_note(p):
     i = p["inputs"]
     return [f"fits: the reserved bytes (the peak, and the gradients freed between steps, which the allocator keeps",
             f"  cached) + a headroom of {i['reserve_gib'] + i['context_gib']:g} GiB (the allocator's reserve "
-            f"{i['reserve_gib']:g} + the CUDA context {i['context_gib']:g}) within the GPU's memory; left: what remains"]
+            f"{i['reserve_gib']:g} + the CUDA context {i['context_gib']:g}) within the GPU's memory; left: what "
+            f"remains"]
 
 
 def text(p):

@@ -355,9 +355,11 @@ def records(folder):
 
 def predictable(r):
     """A GPU rank that stepped and records what the prediction reads: the census of its tensors and the
-    zero_optimization section as DeepSpeed read it (FSDP2 reads none). Older logs hold neither, or only the census, and were made
-    with configs that have since changed (git log ds_config_stage*.json): what they ran cannot be predicted."""
-    return r.mem_kind == "cuda" and r.steps and not r.oom and r.model_state_breakdown and (r.zero_config or r.engine == "fsdp2")
+    zero_optimization section as DeepSpeed read it (FSDP2 reads none). Older logs hold neither, or only the
+    census, and were made with configs that have since changed (git log ds_config_stage*.json): what they ran
+    cannot be predicted."""
+    config = r.zero_config or r.engine == "fsdp2"
+    return r.mem_kind == "cuda" and r.steps and not r.oom and r.model_state_breakdown and config
 
 
 def peak_runs():
