@@ -6,6 +6,8 @@ the theory in accounting/predict.py alone: no torch, no deepspeed, no GPU, no la
     python3 plan.py --params 8.03e9 --layers 32 --d-model 4096 --heads 32 --vocab 128256 --seq 8192 --gpus 8 128
     python3 plan.py --from results/<timestamp> --json     # the GPU, its MFU and its link as a run measured them
 
+A run to plan from has steady steps (step 4 on, not the profiled last): bash run.sh --ranks 1 --steps 12.
+
 Every default is an assumption, stated with its source in --help and in the plan's header. Exit status 0, or
 2 on bad input (one line on stderr).
 """
@@ -13,14 +15,17 @@ import argparse
 import bisect
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
 import stages
-from accounting import predict
+from accounting import predict, timing
 from accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
-from formatting import EXIT, format_table, gib
-from options import BadInput, at_least, positive  # the same checks as train_gpt.py's inputs
+from formatting import EXIT
+from options import BadInput
+from planning import inputs, output
+from planning.inputs import between
 from reporting import reading
 
 HERE = Path(__file__).resolve().parent
@@ -38,12 +43,25 @@ ASSUMED = {
                                "all-reduce figures on 8 H100 SXM, without NVLink SHARP"),
     "inter_busbw_gbs": (45.0, "400 Gb/s InfiniBand per GPU = 50 GB/s, at about 0.9 efficiency"),
     "host_gbs": (50.0, "PCIe 5.0 x16: 64 GB/s each way, about 0.8 of it achieved (offload's copies only)"),
+    "reserve_gib": (2.0, "the allocator's reserve beyond the reserved bytes predicted: at most 1.92 GiB in any "
+                         "committed H200 run that records its config (stage 3, 8 rehearsed ranks, 24-peaks); stages "
+                         "1 and 2, in older runs, reserved up to 4.62 GiB beyond (h200/5-stages-offload-cap)"),
+    "context_gib": (0.5, "the CUDA context, NCCL's and cuBLAS's own memory outside torch's allocator: not measured "
+                         "here, as torch does not see it"),
 }
+# The ranges of the numbers: what the arithmetic holds and what is physically meaningful.
+MAX_PARAMS = 1e14  # 50x the largest dense model trained
+TOO_MANY = {"gpus": (MAX_GPUS, "where the search for the fewest that fit ends"), "layers": (10**5, "layers"),
+            "d_model": (2**20, "d_model"), "heads": (2**16, "heads"), "vocab": (2**26, "tokens in a vocabulary"),
+            "seq": (2**26, "tokens in a row"), "micro_batch": (2**20, "rows"),
+            "gpus_per_node": (2**10, "GPUs in a node")}
+UNITS = {"gpu_mem_gib": 2**20, "peak_tflops": 1e6, "mfu": 1, "intra_busbw_gbs": 1e5, "inter_busbw_gbs": 1e5,
+         "host_gbs": 1e5, "reserve_gib": 2**20, "context_gib": 2**20}
 # What each setup is: a ZeRO stage and the engine that runs it.
 SETUPS = {**{str(stage): (stage, "deepspeed") for stage in stages.PARTITIONS}, "fsdp2": (stages.ZERO3, "fsdp2")}
-MODES = ("overlapped", "serial")
-INPUTS = ("micro_batch", "seq", "checkpoint", "gpus", "gpus_per_node", "offload", "stages", "device", "link_curve",
-          *ASSUMED)
+MODES = output.MODES
+INPUTS = ("micro_batch", "seq", "checkpoint", "gpus", "gpus_per_node", "offload", "offload_param", "stages", "device",
+          "link_curve", *ASSUMED)
 SHAPE_FLAGS = ("layers", "d_model", "heads", "vocab")
 
 
@@ -70,11 +88,22 @@ def offloads(setup, offload):
     return bool(offload) and engine == "deepspeed" and not stages.shards_nothing(stage)
 
 
+def offloads_params(setup, args):
+    """ZeRO-Infinity's offload_param: the parameters on the host too, at DeepSpeed's stage 3 only."""
+    return args.offload_param and offloads(setup, True) and stages.shards_params(SETUPS[setup][0])
+
+
+def label(setup, args):
+    return setup + ("+offload-param" if offloads_params(setup, args)
+                    else "+offload" if offloads(setup, args.offload or args.offload_param) else "")
+
+
 def memory(setup, model, args, world, zero):
     """One rank's bytes by term and its peak: predict.rank_memory, as for a RESULT, with the parameters
     partitioned evenly and no persistent ones."""
     stage, engine = SETUPS[setup]
-    offload = {"optimizer": "cpu" if offloads(setup, args.offload) else None, "param": None}
+    offload = {"optimizer": "cpu" if offloads(setup, args.offload or args.offload_param) else None,
+               "param": "cpu" if offloads_params(setup, args) else None}
     m = predict.rank_memory(stage, engine, DTYPE, world, model.params, zero, model.shape, block=model.block,
                             root=model.root, largest=model.embedding, micro_batch=args.micro_batch, seq=args.seq,
                             checkpoint=args.checkpoint, loss_chunk=LOSS_CHUNK, offload=offload)
@@ -85,43 +114,63 @@ def bus_bandwidth(args, link, kind, stage, engine, model, zero):
     """The bus bandwidth a collective gets: within a node, the measured link's curve (--from) read at the size
     of one of its calls, else the flag or the assumption; across nodes, the network's."""
     if link == "intra" and args.link_curve:
-        return predict.read_curve(args.link_curve, predict.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
+        return predict.read_curve(args.link_curve, timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
     return 1e9 * (args.inter_busbw_gbs if link == "inter" else args.intra_busbw_gbs)
 
 
-def timing(setup, model, args, world, zero):
+def step_time(setup, model, args, world, zero):
     """One rank's step: compute at the MFU, each collective over the slowest link it crosses (the network
     once the ranks span nodes), offload's copies over PCIe, and the step serial and overlapped."""
     stage, engine = SETUPS[setup]
     link = "inter" if world > args.gpus_per_node else "intra"
     comm = [{"kind": kind, "phase": phase, "bytes": nbytes,
-             "s": predict.ring_seconds(kind, nbytes, world, bus_bandwidth(args, link, kind, stage, engine, model, zero))}
-            for kind, phase, nbytes in predict.collectives(stage, engine, WIDTH, model.params, model.root)]
-    if offloads(setup, args.offload):
-        comm += [{"kind": "host_copy", "phase": phase, "bytes": nbytes, "s": nbytes / (1e9 * args.host_gbs)}
-                 for phase, nbytes in predict.host_copies(WIDTH, model.params / world)]
+             "s": timing.ring_seconds(kind, nbytes, world, bus_bandwidth(args, link, kind, stage, engine, model, zero))}
+            for kind, phase, nbytes in timing.collectives(stage, engine, WIDTH, model.params, model.root)]
+    offloaded = offloads(setup, args.offload or args.offload_param)
+    copies = timing.host_copies(WIDTH, model.params / world) if offloaded else []
+    copies += timing.param_fetches(WIDTH, model.params / world) if offloads_params(setup, args) else []
+    comm += [{"kind": "host_copy", "phase": phase, "bytes": nbytes, "s": nbytes / (1e9 * args.host_gbs)}
+             for phase, nbytes in copies]
     layers, d_model = (model.shape.layers, model.shape.d_model) if model.shape else (None, 0)
     per_token = predict.flops_per_token(model.params, layers or 0, d_model, args.seq)
-    flops = predict.pass_flops(args.micro_batch * args.seq * per_token, args.checkpoint)
+    flops = timing.pass_flops(args.micro_batch * args.seq * per_token, args.checkpoint)
     compute = {p: f / (args.mfu * args.peak_tflops * 1e12) for p, f in flops.items()}
-    step = predict.step_seconds(compute, [(c["phase"], c["s"]) for c in comm], layers)
+    step = timing.step_seconds(compute, [(c["phase"], c["s"]) for c in comm], layers)
     return {"link": link if world > 1 else "none", "compute_s": sum(compute.values()), "comm": comm,
             "comm_s": sum(c["s"] for c in comm), "step_s": step}
 
 
+def headroom_left(m, args):
+    """The GPU's memory less what the rank needs: the bytes the allocator reserves (predict.reserved_bytes) and
+    the headroom, its reserve beyond them and the CUDA context."""
+    return (args.gpu_mem_gib - args.reserve_gib - args.context_gib) * 2**30 - predict.reserved_bytes(m)
+
+
+def estimate(setup, model, args, world):
+    """DeepSpeed's own estimator's bytes per GPU, as a user would compute it; None for stage 0 and FSDP2."""
+    stage, engine = SETUPS[setup]
+    per_node = min(world, args.gpus_per_node)
+    offload = {"optimizer": offloads(setup, args.offload or args.offload_param), "param": offloads_params(setup, args)}
+    e = predict.deepspeed_estimate(stage, model.params, model.embedding, per_node, world // per_node, offload)
+    return e["device"] if e and engine == "deepspeed" else None
+
+
 def row(setup, model, args, world, zero):
-    m, t = memory(setup, model, args, world, zero), timing(setup, model, args, world, zero)
+    m, t = memory(setup, model, args, world, zero), step_time(setup, model, args, world, zero)
     tokens = args.micro_batch * args.seq
+    left = headroom_left(m, args)
     return {"setup": setup, "gpus": world, "nodes": -(-world // args.gpus_per_node), **m,
-            "fits": m["peak"] <= args.gpu_mem_gib * 2**30, **t,
-            "tokens_per_s_per_gpu": {mode: tokens / t["step_s"][mode] for mode in MODES}}
+            "deepspeed_estimate": estimate(setup, model, args, world),
+            "host_per_node": (m["host_states"] + m["host_buffers"]) * min(world, args.gpus_per_node),
+            "headroom_left": left,
+            "fits": left >= 0, **t, "tokens_per_s_per_gpu": {mode: tokens / t["step_s"][mode] for mode in MODES}}
 
 
 def smallest_fitting(setup, model, args, zero):
-    """The fewest GPUs on which the predicted peak fits, or None up to MAX_GPUS: the peak never grows with G,
-    so a binary search finds it."""
+    """The fewest GPUs on which the rank fits with its headroom, or None up to MAX_GPUS: what it needs never
+    grows with G, so a binary search finds it."""
     def fits(world):
-        return memory(setup, model, args, world, zero)["peak"] <= args.gpu_mem_gib * 2**30
+        return headroom_left(memory(setup, model, args, world, zero), args) >= 0
     first = bisect.bisect_left(range(1, MAX_GPUS + 1), True, key=fits) + 1
     return first if first <= MAX_GPUS else None
 
@@ -140,7 +189,9 @@ def plan(model, args):
         r["efficiency"] = {m: r["tokens_per_s_per_gpu"][m] / base["tokens_per_s_per_gpu"][m] for m in MODES}
     return {"model": {"name": model.name, "params": model.params,
                       "shape": dataclasses.asdict(model.shape) if model.shape else None},
-            "inputs": {k: getattr(args, k) for k in INPUTS}, "sources": args.sources, "rows": rows,
+            "dtype": DTYPE, "max_gpus": MAX_GPUS, "labels": {s: label(s, args) for s in args.stages},
+            "inputs": {k: getattr(args, k) for k in INPUTS}, "sources": args.sources,
+            "calibration": args.calibration, "rows": rows,
             "smallest_fitting_gpus": {s: smallest_fitting(s, model, args, zero_section(s)) for s in args.stages}}
 
 
@@ -153,9 +204,18 @@ class Parser(argparse.ArgumentParser):
         raise BadInput(message)
 
 
-def assumed(key, unit=""):
+def assumed(key):
     value, why = ASSUMED[key]
-    return f"(default {value:g}{unit}: {why}; an assumption)"
+    return f"(default {value:g}: {why}; an assumption)"
+
+
+def whole(key):
+    high, what = TOO_MANY[key]
+    return between(int, 1, high, what if key == "gpus" else f"the most {what} plan.py plans")
+
+
+def amount(key):
+    return between(float, 0, UNITS[key], "the most plan.py plans", low_allowed=key in ("reserve_gib", "context_gib"))
 
 
 def parse_args(argv):
@@ -163,33 +223,40 @@ def parse_args(argv):
                                            "FSDP2, from accounting/predict.py alone (no torch).")
     p.add_argument("--preset", choices=PRESETS, help="one of train_gpt.py's models (default 1.3b)")
     for flag in SHAPE_FLAGS:
-        p.add_argument(f"--{flag.replace('_', '-')}", type=at_least(1), help="a shape of your own, with the others")
-    p.add_argument("--seq", type=at_least(1), help="tokens per row (default: the preset's context; 1024 with "
-                                                    "--params alone)")
-    p.add_argument("--params", type=positive(float), help="the parameter count, where the GPT's own count (from "
-                   "the shape) is not it, e.g. a SwiGLU MLP; alone, no activations or attention FLOPs are planned")
+        p.add_argument(f"--{flag.replace('_', '-')}", type=whole(flag), help="a shape of your own, with the others")
+    p.add_argument("--seq", type=whole("seq"), help="tokens per row (default: the preset's context; 1024 with "
+                                                     "--params alone)")
+    p.add_argument("--params", type=between(float, 0, MAX_PARAMS, "50x the largest dense model", low_allowed=False),
+                   help="the parameter count, where the GPT's own count (from the shape) is not it, e.g. a SwiGLU "
+                        "MLP; alone, no activations or attention FLOPs are planned")
     p.add_argument("--stages", nargs="+", choices=SETUPS, default=list(SETUPS), help="setups to plan (default all)")
     p.add_argument("--offload", action="store_true", help="the optimizer on the CPU, at DeepSpeed's stages 1-3")
-    p.add_argument("--micro-batch", type=at_least(1), default=2, help="rows per GPU per step (default 2)")
+    p.add_argument("--offload-param", action="store_true", help="the parameters on the CPU too (ZeRO-Infinity's "
+                   "offload_param), at DeepSpeed's stage 3; implies --offload")
+    p.add_argument("--micro-batch", type=whole("micro_batch"), default=2, help="rows per GPU per step (default 2)")
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="activation checkpointing (default on, as train_gpt.py)")
-    p.add_argument("--gpus", type=at_least(1), nargs="+", default=[8, 64, 512, 1024],
+    p.add_argument("--gpus", type=whole("gpus"), nargs="+", default=[8, 64, 512, 1024],
                    help="the totals to plan (default 8 64 512 1024)")
-    p.add_argument("--gpus-per-node", type=at_least(1), help="GPUs per node " + assumed("gpus_per_node"))
-    p.add_argument("--gpu-mem-gib", type=positive(float), help="one GPU's memory " + assumed("gpu_mem_gib", " GiB"))
-    p.add_argument("--peak-tflops", type=positive(float), help="one GPU's dense 16-bit peak " + assumed("peak_tflops"))
-    p.add_argument("--mfu", type=positive(float), help="the fraction of the peak reached on the FLOPs run, "
-                                                       "recomputation included " + assumed("mfu"))
-    p.add_argument("--intra-busbw-gbs", type=positive(float),
-                   help="bus bandwidth within a node " + assumed("intra_busbw_gbs", " GB/s"))
-    p.add_argument("--inter-busbw-gbs", type=positive(float),
-                   help="bus bandwidth across nodes, per GPU " + assumed("inter_busbw_gbs", " GB/s"))
-    p.add_argument("--host-gbs", type=positive(float), help="host copies, per GPU " + assumed("host_gbs", " GB/s"))
+    p.add_argument("--gpus-per-node", type=whole("gpus_per_node"), help="GPUs per node " + assumed("gpus_per_node"))
+    for key, flag, what in MACHINE_FLAGS:
+        p.add_argument(flag, type=amount(key), help=f"{what} " + assumed(key))
     p.add_argument("--from", dest="results", type=Path, help="a results folder: its summary.json's GPU memory, "
-                   "peak, MFU and all-gather bus bandwidth replace the assumptions; flags given still win")
+                   "peak, MFU (over its steady steps) and all-gather bus bandwidth replace the assumptions; flags "
+                   "given still win")
     p.add_argument("--json", action="store_true", help="the plan as JSON, instead of the tables")
     p.add_argument("--plot", type=Path, help="memory and tokens/s per GPU against G, as a PNG (needs matplotlib)")
     return p.parse_args(argv)
+
+
+MACHINE_FLAGS = [("gpu_mem_gib", "--gpu-mem-gib", "one GPU's memory in GiB"),
+                 ("peak_tflops", "--peak-tflops", "one GPU's dense 16-bit peak"),
+                 ("mfu", "--mfu", "the fraction of the peak reached on the FLOPs run, recomputation included"),
+                 ("intra_busbw_gbs", "--intra-busbw-gbs", "bus bandwidth within a node in GB/s"),
+                 ("inter_busbw_gbs", "--inter-busbw-gbs", "bus bandwidth across nodes, per GPU, in GB/s"),
+                 ("host_gbs", "--host-gbs", "host copies, per GPU, in GB/s"),
+                 ("reserve_gib", "--reserve-gib", "the allocator's reserve in GiB"),
+                 ("context_gib", "--context-gib", "the CUDA context in GiB")]
 
 
 def resolve_model(args):
@@ -221,9 +288,42 @@ def resolve_model(args):
                  shape.padded_vocab * shape.d_model)
 
 
+def measured(args):
+    """What a results folder says of the machine (reading.machine_of), its records' types checked first, with
+    the MFU of its steady steps (planning.inputs.calibration) in place of machine_of's; and the calibration."""
+    if not args.results:
+        return {}, None, None, None
+    runs = inputs.read_checked(args.results)
+    found, device, curve = reading.machine_of(args.results)
+    found.pop("mfu", None)
+    c = inputs.calibration(runs)
+    if c:
+        few = f"; UNCERTAIN: fewer than {inputs.MIN_STEADY}" if c["uncertain"] else ""
+        found["mfu"] = (c["mfu"], f"measured in {args.results} ({c['run']}, over {c['steady_steps']} steady "
+                                  f"steps{few})")
+    return found, device, curve, c
+
+
+MAKE_RUN = "bash run.sh --ranks 1 --steps 12 makes a run to plan from"
+
+
+def calibration_warnings(args):
+    """What the user should know of the MFU taken from a results folder: too few steady steps, or none."""
+    c = args.calibration
+    if not args.results or args.sources["mfu"] == "given":
+        return []
+    if not c:
+        return [f"--from {args.results}: no run has a steady step (step {inputs.STEADY_FROM} or later, not the "
+                f"profiled last): the MFU is assumed; {MAKE_RUN}"]
+    if c["uncertain"]:
+        return [f"--from {args.results}: MFU {c['mfu']:.3g} from {c['steady_steps']} steady step(s) of {c['run']}, "
+                f"fewer than {inputs.MIN_STEADY}: uncertain; {MAKE_RUN}"]
+    return []
+
+
 def settle(args):
     """Each machine input from its flag, else the results folder, else the assumption, and where it came from."""
-    found, args.device, curve = reading.machine_of(args.results) if args.results else ({}, None, None)
+    found, args.device, curve, args.calibration = measured(args)
     args.link_curve = curve if args.intra_busbw_gbs is None else None  # a bandwidth given stands for every size
     args.sources = {}
     for key, (value, why) in ASSUMED.items():
@@ -235,120 +335,20 @@ def settle(args):
         else:
             setattr(args, key, value)
             args.sources[key] = f"assumed: {why}"
-    if args.mfu > 1:
-        raise BadInput(f"--mfu {args.mfu:g} is above 1: a fraction of the peak")
     if args.plot and not args.plot.parent.is_dir():
         raise BadInput(f"--plot {args.plot}: no folder {args.plot.parent}")
     args.gpus = sorted(set(args.gpus))
     args.stages = list(dict.fromkeys(args.stages))
 
 
-# -----------------------------------------------------------------------------
-# output
-
-
-def label(setup, inputs):
-    return setup + ("+offload" if offloads(setup, inputs["offload"]) else "")
-
-
-def within(inputs):
-    curve = inputs["link_curve"]
-    if not curve:
-        return f"{inputs['intra_busbw_gbs']:g} GB/s"
-    return (f"the measured link's curve ({min(curve.values()) / 1e9:.0f} to {max(curve.values()) / 1e9:.0f} GB/s "
-            f"over {min(curve) / 2**20:g} MiB to {max(curve) / 2**20:g} MiB), read at each collective's call size")
-
-
-def header(p):
-    i, m = p["inputs"], p["model"]
-    s = m["shape"]
-    shape = (f"{s['layers']} layers, d_model {s['d_model']}, {s['heads']} heads, vocab {s['vocab']}, "
-             if s else "no shape: activations and attention FLOPs not counted, ")
-    lines = [f"model {m['name']}: {shape}seq {i['seq']}; {m['params']:,} parameters; micro batch {i['micro_batch']} "
-             f"per GPU, checkpointing {'on' if i['checkpoint'] else 'off'}, {DTYPE}",
-             f"GPU{' (' + i['device'] + ')' if i['device'] else ''}: {i['gpu_mem_gib']:.1f} GiB, "
-             f"{i['peak_tflops']:g} TFLOP/s peak at MFU {i['mfu']:.3g}; {i['gpus_per_node']} GPUs per node; bus "
-             f"bandwidth {within(i)} within a node, {i['inter_busbw_gbs']:g} GB/s across nodes"]
-    return lines + [f"  {key} {i[key]:g}: {why}" for key, why in p["sources"].items()]
-
-
-def both(figures, spec):
-    return " / ".join(format(figures[mode], spec) for mode in MODES)
-
-
-def main_table(p):
-    rows = [("setup", "GPUs", "link", "states", "activations", "peak", "fits", "compute s", "comm s",
-             "step s (overlap / serial)", "tok/s/GPU", "efficiency")]
-    for r in p["rows"]:
-        rows.append((label(r["setup"], p["inputs"]), r["gpus"], r["link"], f"{gib(r['states']):.2f}",
-                     f"{gib(r['activations']):.2f}", f"{gib(r['peak']):.2f}", "yes" if r["fits"] else "NO",
-                     f"{r['compute_s']:.3f}", f"{r['comm_s']:.3f}", both(r["step_s"], ".3f"),
-                     both(r["tokens_per_s_per_gpu"], ",.0f"), both(r["efficiency"], ".1%")))
-    return format_table(rows)
-
-
-def comm_table(p):
-    """Each setup's collectives: GB per GPU and step (offload's copies are of a 1/G partition), and their
-    seconds at each G, each alone."""
-    rows = [("setup", "collective", "phase", "GB per GPU", *[f"s at {g}" for g in p["inputs"]["gpus"]])]
-    for setup in p["inputs"]["stages"]:
-        mine = [r for r in p["rows"] if r["setup"] == setup]
-        for i, c in enumerate(mine[0]["comm"]):
-            per_g = c["kind"] == "host_copy"
-            gb = f"{c['bytes'] * (mine[0]['gpus'] if per_g else 1) / 1e9:.2f}{'/G' if per_g else ''}"
-            rows.append((label(setup, p["inputs"]), c["kind"], c["phase"], gb,
-                         *[f"{r['comm'][i]['s']:.3f}" for r in mine]))
-    return format_table(rows)
-
-
-NOTES = [
-    "memory per GPU in GiB: peak = what a rank holds throughout (model states, less the gradients freed between",
-    "  steps, stage 3's bucket, cuBLAS's workspace) + the most of backward's start (weights gathered, activations),",
-    "  its end (gradients, one block) and the optimizer step (gradients, their fp32 copy): accounting/predict.py's",
-    "  rank_memory, within 1% of every H200 run in benchmarks/logs/h200/24-peaks; the allocator's slack is not counted",
-    "compute: (6 x params + 12 x layers x d_model x seq) FLOPs per token (PaLM), a third more with checkpointing",
-    "  (the recomputed forward), at MFU x peak: --mfu counts the recomputed FLOPs as work done",
-    "step: serial = compute + every collective; overlapped = per pass the longer of its compute and its collectives,",
-    "  plus one layer's share of those, which nothing hides, plus what runs after backward (stage 0's all-reduce,",
-    "  stage 1's reduce-scatter, stages 1-2's all-gather, offload's copy back), each over the slowest link it crosses",
-    "efficiency: tokens/s per GPU against the smallest G planned",
-]
-
-
-def text(p):
-    smallest = ", ".join(f"{label(s, p['inputs'])}: {g if g else 'none up to ' + format(MAX_GPUS, ',')}"
-                         for s, g in p["smallest_fitting_gpus"].items())
-    notes = NOTES + (["offload: the CPU optimizer's own time and host memory per node are not planned"]
-                     if p["inputs"]["offload"] else [])
-    return "\n".join([*header(p), "", main_table(p), "", comm_table(p), "",
-                      f"smallest G on which the peak fits: {smallest}", "", *notes])
-
-
-def plot(p, path):
+def print_quietly(text):
+    """Print, and end quietly where the reader has gone (plan.py --json | head -1). Local until formatting.py has
+    a shared helper."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("plan.py: matplotlib is not installed: no plot", file=sys.stderr)
-        return
-    fig, (memory_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for setup in p["inputs"]["stages"]:
-        rows = [r for r in p["rows"] if r["setup"] == setup]
-        gpus = [r["gpus"] for r in rows]
-        name = label(setup, p["inputs"])
-        name = name if SETUPS[setup][1] == "fsdp2" else f"ZeRO-{name}"
-        memory_ax.plot(gpus, [gib(r["peak"]) for r in rows], marker="o", label=name)
-        speed_ax.plot(gpus, [r["tokens_per_s_per_gpu"]["overlapped"] for r in rows], marker="o")
-    memory_ax.axhline(p["inputs"]["gpu_mem_gib"], color="k", linestyle="--", label="GPU memory")
-    memory_ax.set_ylabel("predicted peak per GPU (GiB)")
-    speed_ax.set_ylabel("tokens/s per GPU (overlapped)")
-    for ax in (memory_ax, speed_ax):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("GPUs")
-    memory_ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail
+        sys.exit(EXIT["done"])
 
 
 def main(argv=None):
@@ -359,10 +359,12 @@ def main(argv=None):
     except BadInput as e:
         print(f"plan.py: error: {e}", file=sys.stderr)
         sys.exit(EXIT["bad input"])
+    for warning in calibration_warnings(args):
+        print(f"plan.py: warning: {warning}", file=sys.stderr)
     p = plan(model, args)
-    print(json.dumps(p, indent=1) if args.json else text(p))
+    print_quietly(json.dumps(p, indent=1) if args.json else output.text(p))
     if args.plot:
-        plot(p, args.plot)
+        output.plot(p, args.plot)
 
 
 if __name__ == "__main__":

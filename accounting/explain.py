@@ -58,7 +58,7 @@ def peak_gap(r):
         return []
     return [f"peak: {size(r.peak_mem_bytes)} measured against {size(r.predicted_peak_bytes)} estimated from "
             f"model states, buffers and gathered weights, and the most of backward's start (activations "
-            f"{size(r.activation_estimate_bytes)}), its end and the step (its fp32 gradients "
+            f"{size(r.activation_estimate_bytes)}), its end, the reduction after it and the step (what it makes "
             f"{size(r.step_transient_bytes)})"]
 
 

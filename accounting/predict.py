@@ -44,6 +44,14 @@ def shard_elems(stage, total, local, world):
     return local if shards_params(stage) else total / world if splits_one_buffer(stage) else total
 
 
+def host_buffer_bytes(shard, offload):
+    """What the host holds besides the offloaded model states: the CPU optimizer's fp32 gradients, one per
+    partition element, into which each rank copies its 16-bit ones (stage3.py: fp32_partitioned_groups_flat's
+    grad; stage_1_and_2.py: single_partition_of_fp32_groups' grad). The census counts them as the host's other
+    tensors: 5.25 GB at 1.3b on one H200, 4 bytes a parameter (benchmarks/logs/h200/5-stages-offload-cap)."""
+    return MASTER_BYTES * shard if offload["optimizer"] else 0
+
+
 def host_kinds(offload):
     """The kinds of model state in host memory: with the optimizer offloaded (ZeRO-Offload), the gradient
     partitions it steps on besides its fp32 weights and moments; with the parameters too (ZeRO-Infinity),
@@ -124,19 +132,56 @@ def sub_group_elems(zero, largest, world):
 
 
 def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None):
-    """The fp32 gradients that the optimizer step makes, on the device unless the optimizer runs on the host:
-    from the 16-bit ones, or at stages 1 to 3 as one flat copy even in fp32; stage 0 in fp32, and FSDP2,
-    step on the gradients themselves. Stage 3 makes them one sub-group of at most sub_group elements at a time."""
-    steps_on_grads = engine == "fsdp2" or (shards_nothing(stage) and WIDTH[dtype] == 4)
-    return 0 if optimizer_offloaded or steps_on_grads else MASTER_BYTES * min(shard, sub_group or shard)
+    """What the optimizer step makes on the device (nothing where the optimizer runs on the host): the fp32
+    gradients, from the 16-bit ones; stage 0 in fp32, and FSDP2, step on the gradients themselves. Stages 1 and
+    2 (stage_1_and_2.py, step) first flatten the partition's gradients into one 16-bit tensor, then cast it to
+    fp32, and free the flat copy only after the cast: both at once, 2 + 4 bytes per partition element (in fp32
+    the cast is the flat copy itself: 4). Stage 3 makes its fp32 gradients one sub-group of at most sub_group
+    elements at a time."""
+    if optimizer_offloaded or engine == "fsdp2" or (shards_nothing(stage) and WIDTH[dtype] == 4):
+        return 0
+    if splits_one_buffer(stage):
+        return (WIDTH[dtype] + (MASTER_BYTES if WIDTH[dtype] < 4 else 0)) * shard
+    return MASTER_BYTES * min(shard, sub_group or shard)
 
 
 def frees_grads(stage, engine):
     """Whether the gradients are freed after each step and made anew in backward, rather than kept in a buffer:
     so at the H200 runs (benchmarks/logs/h200/24-peaks: memory allocated after a step) by FSDP2 (zero_grad sets
     them to None) and by DeepSpeed at stage 0, while stage 3 keeps its partition in one flat buffer. Stages 1
-    and 2 are taken to keep theirs (DeepSpeed's flat partitions); no run has measured it."""
-    return engine == "fsdp2" or shards_nothing(stage)
+    and 2 free theirs in the step (stage_1_and_2.py: free_grad_in_param_list, then averaged_gradients = None,
+    the last hold on the contiguous partition that backward made)."""
+    return engine == "fsdp2" or not shards_params(stage)
+
+
+# DeepSpeed's engine at stage 0 all-reduces the gradients after backward in buckets of this many elements,
+# whatever the config says (engine.py: allreduce_gradients' MEMORY_OPT_ALLREDUCE_SIZE).
+ALLREDUCE_ELEMS = 500_000_000
+
+
+def grad_bucket_bytes(stage, engine, width, zero):
+    """Stages 1 and 2's reduction buckets (stage_1_and_2.py, setup_buckets): reduce_bucket_size elements in the
+    training dtype, two with overlap_comm, from the first gradient to the end of the reduction; stage 2 makes
+    them at its first gradient hook, during backward."""
+    if engine != "deepspeed" or not splits_one_buffer(stage):
+        return 0
+    return (2 if zero.get("overlap_comm") else 1) * width * zero_setting(zero, "reduce_bucket_size")
+
+
+def reduction_bytes(stage, engine, dtype, params, shard, zero, largest_in_block=0):
+    """What DeepSpeed makes after backward to reduce the gradients, on top of them, before the step:
+    - stage 0 (engine.py, allreduce_no_retain): a flat copy of a bucket of gradients, filled until it passes
+      ALLREDUCE_ELEMS (the tensor that passes it adds at most a block's largest, largest_in_block), in the
+      gradients' dtype: the fp32 ones of the bf16 optimizer (bf16_optimizer.py), else the training dtype's;
+    - stages 1 and 2 (stage_1_and_2.py, copy_grads_in_partition): the contiguous copy of the partition's
+      gradients, made while the gradients it copies still live, and the buckets (grad_bucket_bytes).
+    Stage 3 keeps its bucket throughout (buffer_bytes); FSDP2 reduces in place."""
+    if engine != "deepspeed" or shards_params(stage):
+        return 0
+    width = WIDTH[dtype]
+    if shards_nothing(stage):
+        return (MASTER_BYTES if dtype == "bf16" else width) * min(params, ALLREDUCE_ELEMS + largest_in_block)
+    return width * shard + grad_bucket_bytes(stage, engine, width, zero)
 
 
 def buffer_bytes(stage, engine, width, zero):
@@ -146,10 +191,11 @@ def buffer_bytes(stage, engine, width, zero):
     return width * zero_setting(zero, "reduce_bucket_size") if shards_params(stage) and engine == "deepspeed" else 0
 
 
-def gathered_bytes(stage, engine, width, world, block, embedding, root, prefetch):
+def gathered_bytes(stage, engine, width, world, block, embedding, root, prefetch, params=math.inf):
     """The 16-bit weights that stage 3 holds gathered at once, on top of its shards: DeepSpeed the module it
     computes (a whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket
-    ahead of it, but nothing on one rank, where a gathered parameter is its partition (_no_gather_coalesced);
+    ahead of it, no more than the model holds (params: a model smaller than the bucket gathers itself whole at
+    most), but nothing on one rank, where a gathered parameter is its partition (_no_gather_coalesced);
     FSDP2, even on one rank, as it casts them from its fp32 shards, its root module (embeddings, final norm),
     kept from forward into backward, the block it computes and the next one, prefetched. None at stages 0 to 2,
     which keep the weights whole."""
@@ -157,7 +203,7 @@ def gathered_bytes(stage, engine, width, world, block, embedding, root, prefetch
         return 0
     if engine == "fsdp2":
         return width * (root + 2 * block)
-    return width * (max(block, embedding) + prefetch) if world > 1 else 0
+    return width * min(max(block, embedding) + prefetch, params) if world > 1 else 0
 
 
 def saved_weights_bytes(stage, engine, width, world, layers, block, checkpoint, zero):
@@ -180,18 +226,28 @@ def saved_weights_bytes(stage, engine, width, world, layers, block, checkpoint, 
 WORKSPACE_BYTES = 72 * 10**6
 
 
-def peak_bytes(held, gathered, activations, freed_grads, last_block, transient, saved_weights=0):
-    """A rank's peak, the most of three moments, on top of what it holds throughout (held: the model states
-    and buffers, less the gradients it frees between steps, and the workspace):
-    - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes) and the
-      activations (activation_bytes); no gradient is made yet;
-    - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights gathered
+def peak_bytes(m):
+    """A rank's peak, the most of four moments, on top of what it holds throughout (m["held"]: the model states
+    and buffers, less the gradients it frees between steps, and the workspace); m: rank_memory's terms.
+    - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes), the
+      activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
+    - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights gathered,
       and the first block's activations, whose backward comes last;
-    - the optimizer step: the gradients and the fp32 ones that the step makes (transient).
+    - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
+    - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
+      (transient).
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
-    return held + max(gathered + saved_weights + activations, freed_grads + gathered + last_block,
-                      freed_grads + transient)
+    return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
+                           m["freed_grads"] + m["gathered"] + m["last_block"],
+                           m["reduced_grads"] + m["reduction"], m["partition_grads"] + m["transient"])
+
+
+def reduced_grads_bytes(stage, dtype, freed, transient):
+    """The gradients alive while they are reduced after backward: at stage 0 in bf16, the bf16 optimizer's fp32
+    copies, into which its hooks moved the bf16 ones (bf16_optimizer.py, accumulate_hp_grads_and_remove_lp);
+    else those that backward made."""
+    return transient if shards_nothing(stage) and dtype == "bf16" else freed
 
 
 def reserved_bytes(memory):
@@ -226,22 +282,35 @@ def rank_memory(stage, engine, dtype, world, params, zero, shape=None, *, shard=
     kept = width * persistent if "params" in on_host else 0  # persistent parameters stay on the GPU
     device = sum(v for k, v in states.items() if k not in on_host) + kept
     freed = states["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
-    sub_group = sub_group_elems(zero, largest, world) if shards_params(stage) else None
-    tokens = micro_batch * seq
     m = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
+         "host_buffers": host_buffer_bytes(shard, offload) if on_gpu else 0,
          "buffers": buffer_bytes(stage, engine, width, zero), "workspace": WORKSPACE_BYTES if on_gpu else 0,
          "freed_grads": freed,
          "gathered": gathered_bytes(stage, engine, width, world, block, embedding, root,
-                                    zero_setting(zero, "stage3_prefetch_bucket_size")),
+                                    zero_setting(zero, "stage3_prefetch_bucket_size"), params),
          "saved_weights": saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0, block,
                                               checkpoint, zero),
          "activations": activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0,
-         "last_block": block_activation_bytes(shape, width, tokens, seq, flash) if shape else 0,
-         "transient": step_transient_bytes(stage, dtype, shard, bool(offload["optimizer"]), engine, sub_group)}
+         "last_block": block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0,
+         **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed)}
     m["held"] = m["states"] - freed + m["buffers"] + m["workspace"]
-    m["peak"] = peak_bytes(m["held"], m["gathered"], m["activations"], freed, m["last_block"], m["transient"],
-                           m["saved_weights"])
+    m["peak"] = peak_bytes(m)
     return m
+
+
+def step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed):
+    """rank_memory's terms of the moments after forward: stage 2's buckets in backward, the reduction and the
+    gradients it reduces, the partition's gradients at the step and what the step makes."""
+    offloaded = bool(offload["optimizer"])
+    sub_group = sub_group_elems(zero, largest, world) if shards_params(stage) else None
+    transient = step_transient_bytes(stage, dtype, shard, offloaded, engine, sub_group)
+    largest_in_block = 3 * shape.d_model**2 if shape else 0  # qkv's weight
+    reduction = 0 if offloaded else reduction_bytes(stage, engine, dtype, params, shard, zero, largest_in_block)
+    partition = WIDTH[dtype] * shard if freed and splits_one_buffer(stage) else freed
+    buckets = grad_bucket_bytes(stage, engine, WIDTH[dtype], zero) if partitioned(stage, "grads") else 0
+    return {"reduction": reduction, "backward_buckets": buckets,
+            "reduced_grads": reduced_grads_bytes(stage, dtype, freed, transient), "partition_grads": partition,
+            "transient": transient}
 
 
 def shares(states, whole):
@@ -296,67 +365,6 @@ def flops_per_token(params, layers, d_model, seq):
 
 def padded(vocab, multiple=64):
     return multiple * math.ceil(vocab / multiple)
-
-
-# When each engine's collectives run in a step, each of one copy of the 16-bit weights: in "forward" or
-# "backward" they overlap that pass's compute; "after" they run alone, once backward is done. DeepSpeed at
-# stage 0 all-reduces the gradients after backward; at stage 1 (ds_config_stage1.json leaves overlap_comm
-# off) it reduce-scatters them after backward, at stage 2 during it; stages 1 and 2 all-gather the updated
-# weights after the step; stage 3 gathers each block in forward and again in backward and reduce-scatters its
-# gradients in backward: the ZeRO paper's 2 and 3 x the parameters (section 7). FSDP2 runs as stage 3.
-COLLECTIVES = {0: [("all_reduce", "after")],
-               1: [("reduce_scatter", "after"), ("all_gather", "after")],
-               2: [("reduce_scatter", "backward"), ("all_gather", "after")],
-               3: [("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")]}
-
-
-def collectives(stage, engine, width, params, root):
-    """One rank's collectives in a step, as (kind, phase, bytes) in nccl-tests' sizes: an all-gather's output,
-    a reduce-scatter's input, an all-reduce's buffer. FSDP2 keeps its root module (root elements: embeddings,
-    final norm) gathered from forward into backward: it gathered 3.84 of 4 bytes per parameter at 1.3b on 2
-    H200s, DeepSpeed's stage 3 4.08 (benchmarks/logs/h200x2/13-fsdp2)."""
-    kept = root if engine == "fsdp2" else 0
-    return [(kind, phase, width * (params - kept if (kind, phase) == ("all_gather", "backward") else params))
-            for kind, phase in COLLECTIVES[stage]]
-
-
-def message_bytes(kind, stage, engine, width, block, zero):
-    """The bytes of one call of a collective, which set the bus bandwidth it gets (a link's curve rises with
-    them): stage 3 (each block a leaf module) and FSDP2 gather one block at a time, and FSDP2 reduce-scatters one
-    block's gradients; DeepSpeed reduces its gradients in buckets of reduce_bucket_size elements."""
-    if kind == "all_gather" and (shards_params(stage) or engine == "fsdp2") or engine == "fsdp2":
-        return width * block
-    return width * zero_setting(zero, "reduce_bucket_size")
-
-
-def host_copies(width, shard):
-    """With the optimizer on the host (ZeRO-Offload), each rank copies its gradient partition out during
-    backward and its updated 16-bit weights back after the step: (phase, bytes) over PCIe."""
-    return [("backward", width * shard), ("after", width * shard)]
-
-
-def ring_seconds(kind, nbytes, ranks, busbw):
-    """A collective's time: the bytes each rank must send of it (BUS_FACTOR) over the bus bandwidth of the
-    slowest link it crosses, nccl-tests' busbw, in bytes per second."""
-    return nbytes * BUS_FACTOR[kind](ranks) / busbw
-
-
-def pass_flops(flops, checkpoint):
-    """A step's FLOPs by pass: forward a third and backward two thirds of 6N (2N + 4N), and with checkpointing
-    the forward once more, recomputed during backward: 4/3 of flops in all."""
-    return {"forward": flops / 3, "backward": 2 * flops / 3 + (flops / 3 if checkpoint else 0)}
-
-
-def step_seconds(compute, comm, layers):
-    """A step's time, serial (compute, then every collective) and overlapped: each pass takes the longer of its
-    compute and its collectives, but one layer's share of those, which nothing hides (the first gather is
-    waited for, as is the last reduce-scatter), adds on; collectives after backward add whole. compute: seconds
-    by pass; comm: (phase, seconds); layers: None where unknown, which hides all of a pass's collectives."""
-    in_pass = {p: sum(s for phase, s in comm if phase == p) for p in compute}
-    after = sum(s for phase, s in comm if phase == "after")
-    alone = 1 / layers if layers else 0
-    overlapped = sum(max(compute[p], (1 - alone) * in_pass[p]) + alone * in_pass[p] for p in compute) + after
-    return {"serial": sum(compute.values()) + sum(s for _, s in comm), "overlapped": overlapped}
 
 
 def read_curve(curve, x):

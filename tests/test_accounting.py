@@ -1,5 +1,6 @@
 """The arithmetic behind the predictions and checks, on made-up counts: no launch, no GPU needed."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -331,9 +332,10 @@ def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
 
 
 # -----------------------------------------------------------------------------
-# the predicted peak against the H200 runs of benchmarks/logs/h200/24-peaks (issue 24, item 3)
+# the predicted peak against every committed GPU run that records what it needs (issues 24 and 33)
 
-PEAK_RUNS = t.HERE / "benchmarks" / "logs" / "h200" / "24-peaks" / "results"
+LOGS = t.HERE / "benchmarks" / "logs"
+PEAK_RUNS = LOGS / "h200" / "24-peaks" / "results"
 PEAK_TOLERANCE = 0.05
 # Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss: none.
 PEAK_MISSES = {}
@@ -344,11 +346,25 @@ def run_name(r):
     return f"{setup} G{r.world_size} mb{r.micro_batch} ck{int(r.checkpoint)}"
 
 
+def records(folder):
+    """Every rank's record under a folder's summary.json files, as RESULT lines give them, by file."""
+    for summary in sorted(folder.glob("**/summary.json")):
+        for rs in json.loads(summary.read_text())["results"].values():
+            yield from ((summary, result.RankResult.from_dict(d)) for d in rs)
+
+
+def predictable(r):
+    """A GPU rank that stepped and records what the prediction reads: the census of its tensors and the
+    zero_optimization section as DeepSpeed read it (FSDP2 reads none). Older logs hold neither, or only the
+    census, and were made with configs that have since changed (git log ds_config_stage*.json): what they ran
+    cannot be predicted."""
+    config = r.zero_config or r.engine == "fsdp2"
+    return r.mem_kind == "cuda" and r.steps and not r.oom and r.model_state_breakdown and config
+
+
 def peak_runs():
-    """Every rank's record of every run in 24-peaks, as RESULT lines give them."""
-    for summary in sorted(PEAK_RUNS.glob("*/summary.json")):
-        for records in json.loads(summary.read_text())["results"].values():
-            yield from (result.RankResult.from_dict(d) for d in records)
+    """Every rank's record of every run in 24-peaks."""
+    return (r for _, r in records(PEAK_RUNS))
 
 
 def training_peak(r):
@@ -358,17 +374,23 @@ def training_peak(r):
     return max(s["peak_mem_bytes"] for s in r.steps)
 
 
-def test_the_predicted_peak_is_within_5_percent_of_every_h200_run_in_24_peaks():
+def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_records_its_config():
+    """24-peaks (1.3b: stages 0 and 3 and FSDP2, micro batch 2 and 16, checkpointing on and off, 1, 4 and 8
+    ranks), 25-oldest (tiny on 2 rehearsed ranks, DeepSpeed 0.14.4 to 0.19.8, and 1.3b on one) and the FSDP2
+    runs on 2 H200s (h200x2/13-fsdp2, micro batch 2 and 16, checkpointing on and off): the
+    workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak, hold it too."""
     misses, covered = {}, set()
-    for r in peak_runs():
-        if r.oom:
+    for summary, r in records(LOGS):
+        if not predictable(r):
             continue
-        result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, r.zero_config or {})  # as DeepSpeed read it
+        result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, r.zero_config or {})
         miss = r.predicted_peak_bytes / training_peak(r) - 1
-        covered.add(run_name(r))
+        covered.add((summary.relative_to(LOGS).parts[1], r.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
-            misses[run_name(r)] = round(miss, 3)
-    assert len(covered) == 15  # 3 setups x 2 micro batches x checkpointing on and off at G 1, and G 4 and 8
+            misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
+    assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2"}  # 13-fsdp2: FSDP2 on 2 GPUs
+    assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
+    assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
 
 
@@ -390,3 +412,80 @@ def test_runs_made_with_rank_memory_record_a_predicted_peak_within_5_percent_of_
     assert len({run_name(r) for r in records}) == 14  # 3 setups x 2 micro batches x checkpointing, and G 4
     assert {run_name(r): round(r.predicted_peak_bytes / r.peak_mem_bytes - 1, 3) for r in records
             if abs(r.predicted_peak_bytes / r.peak_mem_bytes - 1) > PEAK_TOLERANCE} == {}
+
+
+# -----------------------------------------------------------------------------
+# the terms that DeepSpeed 0.19.8's own code adds (issue 33), each against a committed run it decides
+
+def test_stages_1_and_2_step_on_a_flat_16_bit_copy_and_its_fp32_cast_at_once():
+    assert predict.step_transient_bytes(1, "bf16", 1000, False) == (2 + 4) * 1000
+    assert predict.step_transient_bytes(2, "fp32", 1000, False) == 4 * 1000  # the cast is the copy itself
+    assert predict.step_transient_bytes(2, "bf16", 1000, True) == 0  # the step runs on the host
+
+
+def test_stage_1_frees_the_gradients_outside_its_partition_before_the_step():
+    m = predict.rank_memory(1, "deepspeed", "bf16", G, PSI, {}, shard=PSI // G)
+    assert m["freed_grads"] == 2 * PSI and m["partition_grads"] == 2 * (PSI // G)
+
+
+def test_stage_0_all_reduces_through_a_flat_copy_of_at_most_a_bucket():
+    assert predict.reduction_bytes(0, "deepspeed", "fp32", PSI, PSI, {}) == 4 * PSI
+    big = 10 * predict.ALLREDUCE_ELEMS
+    assert predict.reduction_bytes(0, "deepspeed", "bf16", big, big, {}, 7) == 4 * (predict.ALLREDUCE_ELEMS + 7)
+    assert predict.reduction_bytes(0, "fsdp2", "bf16", PSI, PSI, {}) == 0
+
+
+def test_a_model_smaller_than_the_prefetch_bucket_gathers_at_most_itself():
+    assert predict.gathered_bytes(3, "deepspeed", 2, 2, 10, 30, 5, 5e7, params=1000) == 2 * 1000
+
+
+def committed(path, run):
+    """The records of one run in a committed summary.json, by rank."""
+    return [result.RankResult.from_dict(d) for d in json.loads((LOGS / path).read_text())["results"][run]]
+
+
+def miss_with_todays_config(r):
+    """The prediction's miss of a run without a recorded config, with its stage's config as it is today."""
+    zero = json.loads((t.HERE / f"ds_config_stage{r.stage}.json").read_text())["zero_optimization"]
+    result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, zero)
+    return r.predicted_peak_bytes / training_peak(r) - 1
+
+
+def test_stage_0_in_fp32_peaks_at_the_all_reduces_flat_copy_within_1_percent_on_2_h200s():
+    """1.3b, checkpointing, micro batch 2: the flat copy of a 5e8-element bucket is 2.0 GB (7% of the peak).
+    Stage 0 reads nothing of its config's zero_optimization section that the prediction uses."""
+    [r, *_] = committed("h200x2/10-final/results/20261130-135408-BSt7/summary.json", "stage0")
+    assert r.dtype == "fp32" and abs(miss_with_todays_config(r)) < 0.01
+
+
+# Stage 1 at 4 rehearsed ranks without checkpointing peaked 0.61 GB above its backward's start as predicted, as
+# stage 2 did (both 11,115,331,584 bytes): something that both hold at backward's start, not found in the source.
+STAGE_1_2_MISSES = {"all-stages-4ranks stage1": -0.055}
+
+
+def test_stages_1_and_2_are_predicted_within_5_percent_on_2_and_4_h200_ranks_but_one_named_miss():
+    """Made with ds_config_stage1.json and ds_config_stage2.json as they are today: neither has changed since
+    it was written (git log), before these runs. Stage 1 at 4 ranks was 18% over before its gradients were
+    freed at the step and its partition copied beside them."""
+    misses, covered = {}, 0
+    for path in ("h200x2/stages0123-2gpus/summary.json", "h200/5-stages-offload-cap/all-stages-4ranks/summary.json"):
+        for run in ("stage1", "stage2"):
+            for r in committed(path, run):
+                miss, covered = miss_with_todays_config(r), covered + 1
+                if abs(miss) > PEAK_TOLERANCE:
+                    misses[f"{Path(path).parent.name} {run}"] = round(miss, 3)
+    assert covered == 2 * (2 + 4) and misses == STAGE_1_2_MISSES
+
+
+@pytest.mark.parametrize("run", ["stage3_offload", "stage3_infinity"])
+@pytest.mark.parametrize("path", ["h200/5-stages-offload-cap/offload-1rank/summary.json",
+                                  "h200/5-stages-offload-cap/all-stages-4ranks/summary.json"])
+def test_the_host_holds_the_offloaded_states_and_the_cpu_optimizers_fp32_gradients_within_1_percent(path, run):
+    """Against the census of the host's tensors, its other tensors included (offload reads no zero setting that
+    the host's figure uses). The processes' resident memory besides (the runtime, pinned staging, the CPU
+    optimizer's temporaries) is not predicted."""
+    for r in committed(path, run):
+        shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
+        m = predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, r.params_total, {}, shard=shard,
+                                persistent=r.persistent_elems, offload=r.offload)
+        assert m["host_states"] + m["host_buffers"] == pytest.approx(sum(r.host_state_breakdown.values()), rel=0.01)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import plan
-from accounting import predict
+from accounting import predict, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, GIB = 1e9, 2**30
@@ -101,22 +101,22 @@ def test_torchtitans_memory_drop_from_8_to_128_gpus_is_planned_within_10_percent
 # the arithmetic plan.py adds to predict.py
 
 def test_a_ring_collective_sends_its_bus_factor_of_the_bytes_at_the_bus_bandwidth():
-    assert predict.ring_seconds("all_gather", 8e9, 8, 100e9) == pytest.approx(8e9 * 7 / 8 / 100e9)
-    assert predict.ring_seconds("all_reduce", 8e9, 8, 100e9) == pytest.approx(2 * 8e9 * 7 / 8 / 100e9)
-    assert predict.ring_seconds("reduce_scatter", 8e9, 1, 100e9) == 0
+    assert timing.ring_seconds("all_gather", 8e9, 8, 100e9) == pytest.approx(8e9 * 7 / 8 / 100e9)
+    assert timing.ring_seconds("all_reduce", 8e9, 8, 100e9) == pytest.approx(2 * 8e9 * 7 / 8 / 100e9)
+    assert timing.ring_seconds("reduce_scatter", 8e9, 1, 100e9) == 0
 
 
 def test_checkpointing_recomputes_the_forward_in_backward_a_third_more_compute():
-    assert predict.pass_flops(6.0, False) == {"forward": 2.0, "backward": 4.0}
-    assert predict.pass_flops(6.0, True) == {"forward": 2.0, "backward": 6.0}
+    assert timing.pass_flops(6.0, False) == {"forward": 2.0, "backward": 4.0}
+    assert timing.pass_flops(6.0, True) == {"forward": 2.0, "backward": 6.0}
 
 
 def test_a_pass_hides_its_collectives_but_one_layers_share_and_those_after_backward_add_whole():
     compute = {"forward": 1.0, "backward": 2.0}
-    step = predict.step_seconds(compute, [("forward", 0.5), ("backward", 4.0), ("after", 0.25)], layers=4)
+    step = timing.step_seconds(compute, [("forward", 0.5), ("backward", 4.0), ("after", 0.25)], layers=4)
     assert step["serial"] == pytest.approx(3 + 4.75)
     assert step["overlapped"] == pytest.approx((1 + 0.5 / 4) + (3 + 4 / 4) + 0.25)
-    assert predict.step_seconds(compute, [("forward", 0.5)], layers=None)["overlapped"] == 3
+    assert timing.step_seconds(compute, [("forward", 0.5)], layers=None)["overlapped"] == 3
 
 
 def counted_bytes(summary, run):
@@ -135,7 +135,7 @@ def test_planned_collectives_are_the_bytes_a_two_gpu_run_counted_within_2_percen
     counted, record = counted_bytes(summary, run)
     shape = plan.PRESETS[record["model"]]
     planned_bytes = {}
-    for kind, _, nbytes in predict.collectives(stage, engine, 2, record["params_total"], shape.root_params):
+    for kind, _, nbytes in timing.collectives(stage, engine, 2, record["params_total"], shape.root_params):
         planned_bytes[kind] = planned_bytes.get(kind, 0) + nbytes
     assert planned_bytes.keys() == counted.keys()
     assert all(planned_bytes[k] == pytest.approx(counted[k], rel=0.02) for k in counted)
@@ -157,6 +157,10 @@ def test_plan_runs_without_torch_or_deepspeed_importable():
     ["--preset", "1.3b", "--layers", "4", "--d-model", "64", "--heads", "4", "--vocab", "256", "--seq", "64"],
     ["--layers", "4", "--d-model", "100", "--heads", "3", "--vocab", "256", "--seq", "64"],
     ["--preset", "1.3b", "--params", "1000"], ["--from", "/nonexistent"], ["--plot", "/nonexistent/p.png"],
+    ["--params", "1e15"], ["--params", "1e300"], ["--params", "nan"], ["--params", "-5e9"], ["--params", "0"],
+    ["--gpus", "99999999999999999999"], ["--gpus", "-8"], ["--gpus", "nan"], ["--gpu-mem-gib", "0"],
+    ["--gpu-mem-gib", "nan"], ["--peak-tflops", "1e300"], ["--micro-batch", "0"], ["--seq", "1e400"],
+    ["--mfu", "0"], ["--reserve-gib", "-1"], ["--layers", "99999999999999999999"],
 ])
 def test_bad_input_gives_one_line_and_exit_status_2(argv, capsys):
     with pytest.raises(SystemExit) as stop:
@@ -205,7 +209,7 @@ def test_a_measured_links_curve_is_read_at_each_collectives_call_size(capsys, tm
     busbw = predict.read_curve({int(k): v for k, v in curve.items()}, 2 * block)
     [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
     assert 20 * GB < busbw < 300 * GB
-    assert gather["s"] == pytest.approx(predict.ring_seconds("all_gather", gather["bytes"], 2, busbw))
+    assert gather["s"] == pytest.approx(timing.ring_seconds("all_gather", gather["bytes"], 2, busbw))
 
 
 def test_a_bandwidth_given_stands_for_every_size_of_a_measured_curve(capsys, tmp_path):
@@ -213,4 +217,172 @@ def test_a_bandwidth_given_stands_for_every_size_of_a_measured_curve(capsys, tmp
     (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage3": [r]}}))
     p = planned(capsys, "--from", tmp_path, "--stages", "3", "--gpus", 2, "--intra-busbw-gbs", 100)
     [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
-    assert gather["s"] == pytest.approx(predict.ring_seconds("all_gather", gather["bytes"], 2, 100 * GB))
+    assert gather["s"] == pytest.approx(timing.ring_seconds("all_gather", gather["bytes"], 2, 100 * GB))
+
+
+def test_json_into_a_closed_pipe_ends_quietly():
+    # 300 GPU counts make a plan of about 2 MB, past what the pipe holds before head has gone
+    command = "python3 plan.py --json --gpus $(seq 1 300) | head -1; exit ${PIPESTATUS[0]}"
+    proc = subprocess.run(command, shell=True, cwd=ROOT, executable="/bin/bash", capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout == "{\n" and proc.stderr == "" and proc.returncode == 0
+
+
+# -----------------------------------------------------------------------------
+# --from: the records' types, and the MFU of the steady steps
+
+def record(**changes):
+    """A GPU rank's record as plan.py reads it: 1.3b on one H200, steps of 0.5 s after a slow first three."""
+    steps = [{"step": i, "loss": 5.0, "time_s": 2.0 if i == 1 else 0.6 if i <= 3 else 0.5} for i in range(1, 13)]
+    r = {"stage": 0, "rank": 0, "world_size": 1, "ranks_per_node": 1, "gpus": 1, "micro_batch": 2, "seq": 1024,
+         "checkpoint": False, "mem_kind": "cuda", "steps": steps, "flops_per_token": 8e9, "peak_tflops": 989.0,
+         "device_total_bytes": 150109880320}
+    return {**r, **changes}
+
+
+def folder_of(tmp_path, **changes):
+    (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage0": [record(**changes)]}}))
+    return tmp_path
+
+
+def steady_mfu(steps):
+    """The MFU of record()'s 0.5 s steps."""
+    return 8e9 * 2 * 1024 / steps / 1e12 / 989.0
+
+
+@pytest.mark.parametrize("changes, key", [({"world_size": "2"}, "world_size"),
+                                          ({"device_total_bytes": -1}, "device_total_bytes"),
+                                          ({"steps": [{"step": 1, "loss": 5.0}]}, "steps[0]"),
+                                          ({"peak_tflops": float("nan")}, "peak_tflops"), ({"steps": "many"}, "steps")])
+def test_a_summary_with_a_wrong_type_is_refused_in_one_line_naming_the_file_and_the_key(changes, key, capsys, tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        plan.main(["--from", str(folder_of(tmp_path, **changes))])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert str(tmp_path / "summary.json") in err and f"results.stage0[0].{key}" in err
+
+
+def test_from_takes_the_mfu_of_the_steady_steps_and_says_how_many(capsys, tmp_path):
+    p = planned(capsys, "--from", folder_of(tmp_path), "--gpus", 8)
+    assert p["inputs"]["mfu"] == pytest.approx(steady_mfu(0.5))  # steps 4 to 12, not 1 to 3
+    assert p["calibration"]["steady_steps"] == 9 and "over 9 steady steps" in p["sources"]["mfu"]
+
+
+def test_the_profiled_last_step_is_not_steady(capsys, tmp_path):
+    steps = record()["steps"]
+    steps[-1].update(time_s=5.0, comm_s={"all_reduce": 0.1})
+    p = planned(capsys, "--from", folder_of(tmp_path, steps=steps), "--gpus", 8)
+    assert p["calibration"]["steady_steps"] == 8 and p["inputs"]["mfu"] == pytest.approx(steady_mfu(0.5))
+
+
+def test_a_run_with_too_few_steady_steps_gives_an_mfu_marked_uncertain_with_a_warning(capsys, tmp_path):
+    p = planned(capsys, "--from", folder_of(tmp_path, steps=record()["steps"][:5]), "--gpus", 8)
+    assert p["calibration"]["uncertain"] and "UNCERTAIN" in p["sources"]["mfu"]
+    plan.main(["--from", str(tmp_path), "--gpus", "8"])
+    assert "plan.py: warning: " in capsys.readouterr().err
+
+
+def test_a_run_without_a_steady_step_leaves_the_mfu_assumed_and_says_how_to_make_one(capsys, tmp_path):
+    p = planned(capsys, "--from", folder_of(tmp_path, steps=record()["steps"][:3]), "--gpus", 8)
+    assert p["inputs"]["mfu"] == plan.ASSUMED["mfu"][0] and p["calibration"] is None
+    plan.main(["--from", str(tmp_path), "--gpus", "8"])
+    assert plan.MAKE_RUN in capsys.readouterr().err
+
+
+COLD = ROOT / "benchmarks/logs/h200/21-verdict/1-cold/results/20261201-110054-sG16/summary.json"
+
+
+def truncated_to(tmp_path, steps):
+    """The committed 14-step stage-3 run on one H200, as if it had stopped after a number of steps."""
+    summary = json.loads(COLD.read_text())
+    for records in summary["results"].values():
+        for r in records:
+            r["steps"] = r["steps"][:steps]
+    folder = tmp_path / str(steps)
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_a_10_and_a_14_step_run_give_mfus_within_10_percent_where_a_3_step_one_did_not(capsys, tmp_path):
+    ten, whole = (planned(capsys, "--from", truncated_to(tmp_path, n), "--gpus", 8)["inputs"]["mfu"] for n in (10, 14))
+    assert abs(ten / whole - 1) <= 0.10
+    from reporting import reading
+    short = reading.machine_of(truncated_to(tmp_path, 3))[0]["mfu"][0]  # steps 2 and 3, as before
+    assert abs(short / whole - 1) > 0.10
+
+
+# -----------------------------------------------------------------------------
+# what a user compares the plan with
+
+def test_deepspeeds_estimate_stands_beside_the_states_for_stages_1_to_3_only(capsys):
+    p = planned(capsys, "--gpus", 8)
+    model = plan.resolve_model(plan.parse_args([]))
+    for r in p["rows"]:
+        stage, engine = plan.SETUPS[r["setup"]]
+        e = predict.deepspeed_estimate(stage, model.params, model.embedding, 8, 1, {"optimizer": False, "param": False})
+        assert r["deepspeed_estimate"] == (e["device"] if e and engine == "deepspeed" else None)
+    text = plan.output.text(p)
+    assert "DS est." in text and all(plan.output.ESTIMATOR_GAPS[s] in text for s in "123")
+
+
+def test_parameter_offload_leaves_stage_3_nothing_but_its_buffers_on_the_gpu_and_its_states_on_the_host(capsys):
+    p = planned(capsys, "--gpus", 8, "--offload-param")
+    three = rows(p, "3")[8]
+    assert p["labels"]["3"] == "3+offload-param" and p["labels"]["2"] == "2+offload" and p["labels"]["0"] == "0"
+    host = 8 * (16 + 4) * p["model"]["params"] / 8  # 8 ranks' states and CPU optimizer's fp32 gradients
+    assert three["states"] == 0 and three["host_per_node"] == pytest.approx(host, rel=1e-6)
+    assert any(c["phase"] == "forward" and c["kind"] == "host_copy" for c in three["comm"])
+
+
+def test_host_memory_per_node_is_in_the_text_table_only_when_something_is_offloaded(capsys):
+    assert "host/node" not in plan.output.text(planned(capsys, "--gpus", 8))
+    assert "host/node" in plan.output.text(planned(capsys, "--gpus", 8, "--offload"))
+
+
+def test_fits_leaves_the_stated_headroom_and_says_what_is_left(capsys):
+    whole = planned(capsys, "--gpus", 1, "--stages", "0")["rows"][0]
+    reserved = predict.reserved_bytes(whole) / GIB
+    p = planned(capsys, "--gpus", 1, "--stages", "0", "--gpu-mem-gib", reserved + 1)  # fits, but not the headroom
+    [r] = p["rows"]
+    assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(1 - 2.5)
+    assert "a headroom of 2.5 GiB" in plan.output.text(p)
+
+
+def test_the_allocators_reserve_covers_every_committed_h200_run_that_records_its_config():
+    from test_accounting import LOGS, predictable, records
+    from result import add_predictions
+    worst = 0
+    for _, r in records(LOGS):
+        if predictable(r):
+            add_predictions(r, plan.PRESETS[r.model], plan.LOSS_CHUNK, r.zero_config or {})
+            m = {"peak": r.predicted_peak_bytes, "freed_grads": r.predicted_breakdown["grads"] if
+                 predict.frees_grads(r.stage, r.engine) else 0}
+            worst = max(worst, max(s["peak_reserved_bytes"] for s in r.steps) - predict.reserved_bytes(m))
+    assert 1 * GIB < worst <= plan.ASSUMED["reserve_gib"][0] * GIB
+
+
+# -----------------------------------------------------------------------------
+# a plan checked against measured steps (issue 33, item 4): from the one-GPU run at micro batch 2
+
+PEAKS = ROOT / "benchmarks/logs/h200/24-peaks/results"
+ONE_GPU = PEAKS / "20261201-134338-xPdh"  # 1 rank, micro batch 2, checkpointing: stages 0, 3 and FSDP2
+
+
+def measured_runs(folder):
+    return {name: rs[0] for name, rs in json.loads((folder / "summary.json").read_text())["results"].items()}
+
+
+@pytest.mark.parametrize("folder, argv", [
+    ("20261201-134046-6F1B", ["--gpus", 4, "--gpus-per-node", 4]),  # the 4-rank rehearsal, micro batch 2
+    ("20261201-134434-1cTy", ["--gpus", 1, "--micro-batch", 16]),  # one rank at micro batch 16
+])
+def test_a_plan_from_the_one_gpu_run_gives_another_runs_states_within_1_and_peak_within_5_percent(folder, argv,
+                                                                                                  capsys):
+    p = planned(capsys, "--from", ONE_GPU, "--stages", "0", "3", *argv)
+    for name, r in measured_runs(PEAKS / folder).items():
+        if name in ("stage0", "stage3"):
+            [row] = [x for x in p["rows"] if x["setup"] == name[-1]]
+            states = sum(v for k, v in r["model_state_breakdown"].items() if k != "other")
+            assert row["states"] == pytest.approx(states, rel=0.01)
+            assert row["peak"] == pytest.approx(max(s["peak_mem_bytes"] for s in r["steps"]), rel=0.05)

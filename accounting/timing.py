@@ -1,0 +1,73 @@
+"""
+A step's time on G GPUs, for plan.py: when each engine's collectives run and how large each call is, a ring
+collective's seconds at a bus bandwidth, and a step's time with its collectives serial or overlapped with its
+compute. Pure arithmetic, as accounting/predict.py.
+"""
+from accounting.predict import BUS_FACTOR, zero_setting
+from stages import shards_params
+
+# When each engine's collectives run in a step, each of one copy of the 16-bit weights: in "forward" or
+# "backward" they overlap that pass's compute; "after" they run alone, once backward is done. DeepSpeed at
+# stage 0 all-reduces the gradients after backward; at stage 1 (ds_config_stage1.json leaves overlap_comm
+# off) it reduce-scatters them after backward, at stage 2 during it; stages 1 and 2 all-gather the updated
+# weights after the step; stage 3 gathers each block in forward and again in backward and reduce-scatters its
+# gradients in backward: the ZeRO paper's 2 and 3 x the parameters (section 7). FSDP2 runs as stage 3.
+COLLECTIVES = {0: [("all_reduce", "after")],
+               1: [("reduce_scatter", "after"), ("all_gather", "after")],
+               2: [("reduce_scatter", "backward"), ("all_gather", "after")],
+               3: [("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")]}
+
+
+def collectives(stage, engine, width, params, root):
+    """One rank's collectives in a step, as (kind, phase, bytes) in nccl-tests' sizes: an all-gather's output,
+    a reduce-scatter's input, an all-reduce's buffer. FSDP2 keeps its root module (root elements: embeddings,
+    final norm) gathered from forward into backward: it gathered 3.84 of 4 bytes per parameter at 1.3b on 2
+    H200s, DeepSpeed's stage 3 4.08 (benchmarks/logs/h200x2/13-fsdp2)."""
+    kept = root if engine == "fsdp2" else 0
+    return [(kind, phase, width * (params - kept if (kind, phase) == ("all_gather", "backward") else params))
+            for kind, phase in COLLECTIVES[stage]]
+
+
+def message_bytes(kind, stage, engine, width, block, zero):
+    """The bytes of one call of a collective, which set the bus bandwidth it gets (a link's curve rises with
+    them): stage 3 (each block a leaf module) and FSDP2 gather one block at a time, and FSDP2 reduce-scatters one
+    block's gradients; DeepSpeed reduces its gradients in buckets of reduce_bucket_size elements."""
+    if kind == "all_gather" and (shards_params(stage) or engine == "fsdp2") or engine == "fsdp2":
+        return width * block
+    return width * zero_setting(zero, "reduce_bucket_size")
+
+
+def host_copies(width, shard):
+    """With the optimizer on the host (ZeRO-Offload), each rank copies its gradient partition out during
+    backward and its updated 16-bit weights back after the step: (phase, bytes) over PCIe."""
+    return [("backward", width * shard), ("after", width * shard)]
+
+
+def ring_seconds(kind, nbytes, ranks, busbw):
+    """A collective's time: the bytes each rank must send of it (BUS_FACTOR) over the bus bandwidth of the
+    slowest link it crosses, nccl-tests' busbw, in bytes per second."""
+    return nbytes * BUS_FACTOR[kind](ranks) / busbw
+
+
+def pass_flops(flops, checkpoint):
+    """A step's FLOPs by pass: forward a third and backward two thirds of 6N (2N + 4N), and with checkpointing
+    the forward once more, recomputed during backward: 4/3 of flops in all."""
+    return {"forward": flops / 3, "backward": 2 * flops / 3 + (flops / 3 if checkpoint else 0)}
+
+
+def step_seconds(compute, comm, layers):
+    """A step's time, serial (compute, then every collective) and overlapped: each pass takes the longer of its
+    compute and its collectives, but one layer's share of those, which nothing hides (the first gather is
+    waited for, as is the last reduce-scatter), adds on; collectives after backward add whole. compute: seconds
+    by pass; comm: (phase, seconds); layers: None where unknown, which hides all of a pass's collectives."""
+    in_pass = {p: sum(s for phase, s in comm if phase == p) for p in compute}
+    after = sum(s for phase, s in comm if phase == "after")
+    alone = 1 / layers if layers else 0
+    overlapped = sum(max(compute[p], (1 - alone) * in_pass[p]) + alone * in_pass[p] for p in compute) + after
+    return {"serial": sum(compute.values()) + sum(s for _, s in comm), "overlapped": overlapped}
+
+
+def param_fetches(width, shard):
+    """With the parameters on the host too (ZeRO-Infinity's offload_param), each rank copies its 16-bit
+    partition in for forward and again for backward: (phase, bytes) over PCIe."""
+    return [("forward", width * shard), ("backward", width * shard)]

@@ -1,0 +1,121 @@
+"""
+What plan.py reads, checked before it plans: each number of its command line within a range, a results folder's
+records of the types that plan.py reads, and the compute rate of a run's steady steps. torch-free.
+"""
+import argparse
+import json
+import math
+import statistics
+
+from options import BadInput
+from result import RankResult
+
+# Steps 1 to 3 are slower than the rest: step 1 allocates and selects kernels, and steps 2 and 3 ran 5 to 30%
+# over the steady time on H200s (benchmarks/logs/h200/21-verdict/1-cold/results/20261201-110054-sG16: 0.366 and
+# 0.348 s against a median of 0.30 over steps 4-13; h200x2/13-fsdp2/15-final5: FSDP2's 0.120 and 0.091 s against
+# 0.093-0.099). The profiled last step is slower again (comm_s marks it).
+STEADY_FROM = 4
+MIN_STEADY = 5  # fewer steady steps than this give an MFU marked uncertain
+
+
+def between(kind, low, high, why, low_allowed=True):
+    """An argparse type: a finite number of kind (int or float) from low (or above it) to high; why says what
+    high is."""
+    def parse(text):
+        value = kind(text)
+        if not (math.isfinite(value) and (low <= value if low_allowed else low < value) and value <= high):
+            least = f"from {number(low)}" if low_allowed else f"above {number(low)}"
+            raise argparse.ArgumentTypeError(f"must be {least} to {number(high)} ({why}), not {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def number(x):
+    """A range's end as a user would write it: 1,048,576, or 1e+14."""
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e9 else f"{x:g}"
+
+
+# The types of what plan.py reads of a record: whole numbers (and their least), and positive finite numbers.
+WHOLE = {"rank": 0, "stage": 0, "world_size": 1, "ranks_per_node": 1, "gpus": 1, "micro_batch": 1, "seq": 1}
+POSITIVE = ("device_total_bytes", "peak_tflops", "flops_per_token")
+
+
+def positive_number(value):
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
+
+
+def record_problem(d):
+    """What is wrong with one RESULT record for plan.py, as (key, what goes there), or None."""
+    if not isinstance(d, dict):
+        return "", "a RESULT record (an object)"
+    for key, least in WHOLE.items():
+        if d.get(key) is not None and (type(d[key]) is not int or d[key] < least):
+            return key, f"a whole number from {least}"
+    for key in POSITIVE:
+        if d.get(key) is not None and not positive_number(d[key]):
+            return key, "a positive number"
+    curve = d.get("link_busbw")
+    if curve is not None and not positive_number(curve) and not (
+            isinstance(curve, dict) and all(k.isdigit() and positive_number(v) for k, v in curve.items())):
+        return "link_busbw", "a bus bandwidth, or {bytes: bus bandwidth}"
+    if not isinstance(d.get("steps", []), list):
+        return "steps", "a list of steps"
+    for i, s in enumerate(d.get("steps", [])):
+        if not isinstance(s, dict) or type(s.get("step")) is not int or not positive_number(s.get("time_s")):
+            return f"steps[{i}]", "a step with its number (step) and its seconds (time_s)"
+    return None
+
+
+def read_checked(folder):
+    """A results folder's runs, {name: [RankResult]}, each record checked for the types plan.py reads: one
+    line naming the file and the key where one is wrong."""
+    path = folder / "summary.json"
+    try:
+        runs = json.loads(path.read_text())["results"]
+    except OSError as e:
+        raise BadInput(f"--from {folder}: cannot read summary.json: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError):
+        raise BadInput(f"--from {folder}: summary.json holds no results") from None
+    if not isinstance(runs, dict) or not all(isinstance(rs, list) for rs in runs.values()):
+        raise BadInput(f"--from {path}: \"results\" must hold a list of records per run")
+    for name, records in runs.items():
+        for i, d in enumerate(records):
+            problem = record_problem(d)
+            if problem:
+                key, wanted = problem
+                value = f" is {json.dumps(d.get(key)) if key in d else 'missing'}" if isinstance(d, dict) else ""
+                raise BadInput(f"--from {path}: results.{name}[{i}]{'.' + key if key else ''}{value}: "
+                               f"{wanted} goes there")
+    return {name: [RankResult.from_dict(d) for d in records] for name, records in runs.items()}
+
+
+def steady_times(r):
+    """A rank's steady steps' seconds: from STEADY_FROM (or after DeepCompile's last compile), not profiled."""
+    first = max(STEADY_FROM, r.timed_from)
+    return [s["time_s"] for s in r.steps if s["step"] >= first and not s.get("comm_s")]
+
+
+def steady_mfu(results):
+    """A run's MFU over its steady steps, the median over its ranks of each rank's median step, and how many
+    steady steps it had (the fewest of any rank); None where no rank has one, or the run no peak or FLOPs."""
+    ranks = [(r, steady_times(r)) for r in results if r.peak_tflops and r.flops_per_token]
+    mfus = [r.tflops_at(statistics.median(times)) / r.peak_tflops for r, times in ranks if times]
+    if not mfus:
+        return None
+    return statistics.median(mfus), min(len(times) for _, times in ranks)
+
+
+def calibration(runs):
+    """The compute rate to plan with: the steady MFU of the run that reached the highest (the one that lost
+    least to communication), a third higher where it checkpointed, as plan.py's --mfu counts the recomputed
+    FLOPs; with the run's name, its number of steady steps and whether they are too few to trust. None where no
+    run has a steady step."""
+    found = {name: steady_mfu(rs) for name, rs in runs.items() if rs}
+    found = {name: f for name, f in found.items() if f}
+    if not found:
+        return None
+    best = max(found, key=lambda name: found[name][0])
+    mfu, steps = found[best]
+    recompute = 4 / 3 if runs[best][0].checkpoint else 1
+    return {"mfu": min(1.0, mfu * recompute), "run": best, "steady_steps": steps, "uncertain": steps < MIN_STEADY}
