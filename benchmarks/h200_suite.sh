@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU runs behind BENCHMARKS.md, in groups that fit one device call each:
 #   bash benchmarks/h200_suite.sh OUT_DIR GROUP ...
-# GROUP: env verdicts rehearsal checkpoint lr stage3 mfu fusedadam compile baselines
+# GROUP: tests env verdicts rehearsal checkpoint lr stage3 mfu fusedadam compile baselines
+# On the device machine: bash benchmarks/h200_suite.sh "$OUT" tests (one call: the suite must end within 10 minutes)
 # Every run's log lands under OUT_DIR; nothing here is parsed by grep, report.py reads the RESULT lines.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,11 @@ export RESULTS=$out/results PYTHONUNBUFFERED=1
 ds() { local name=$1; shift; timeout 300 deepspeed --num_gpus 1 train_gpt.py "$@" > "$out/$name.log" 2>&1; echo "$name: exit $?"; }
 for group in "$@"; do
   case $group in
+    tests)  # the README's test command as a new user runs it (no RESULTS), the GPUs it saw at the top; killed short of the
+            # device call's 10 minutes, so that what ran stays in the log
+      { nvidia-smi -L; echo "\$ pip install -r requirements.txt pytest && python3 -m pytest -q tests"
+        time env -u RESULTS timeout 570 bash -c 'pip install -r requirements.txt pytest && python3 -m pytest -q tests'; } \
+        > "$out/tests.txt" 2>&1; echo "tests: exit $?" ;;
     env)
       { nvidia-smi; python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'deepspeed', deepspeed.__version__)"
         echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}"; nproc; free -g; } > "$out/env.txt" 2>&1

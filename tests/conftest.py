@@ -1,4 +1,9 @@
-"""Shared launches: each costs seconds of start-up on a CPU, so each runs once per test session and
+"""The rule: no process of this suite sees a GPU, except in the tests marked gpu (run(..., gpus=True)), so that the
+CPU's defaults (the tiny model, 256 tokens of context, 2 CPU processes) hold on any machine: CUDA_VISIBLE_DEVICES
+is emptied here before torch is imported, and again as every Python process the suite starts begins
+(tests/no_gpus/sitecustomize.py on PYTHONPATH), since the deepspeed launcher gives its ranks GPUs 0..N-1 back.
+
+Shared launches: each costs seconds of start-up on a CPU, so each runs once per test session and
 the tests read its logs."""
 import json
 import os
@@ -15,6 +20,30 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
+# before anything imports torch (the rule above)
+AS_LAUNCHED = dict(os.environ)  # the environment the suite was started in: the tests marked gpu launch in it
+NO_GPUS = Path(__file__).resolve().parent / "no_gpus"
+os.environ.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(filter(None, [str(NO_GPUS),
+                                                                                     os.environ.get("PYTHONPATH")])))
+# a launch of a test marked gpu runs on one GPU, the first of those the suite was started with
+ONE_GPU = {"CUDA_VISIBLE_DEVICES": (AS_LAUNCHED.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]}
+
+
+def gpus_as_launched() -> int:
+    """The GPUs that torch sees in the environment the suite was started in, asked of a process of its own:
+    this one hides them."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                           capture_output=True, text=True, timeout=300, env=AS_LAUNCHED)
+    return int(probe.stdout.strip()) if probe.returncode == 0 else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    on_gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if on_gpu and not gpus_as_launched():
+        for item in on_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a GPU, and torch sees none on this machine"))
+
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -23,12 +52,14 @@ from reporting import reading  # noqa: E402
 from machine import free_port  # noqa: E402
 
 
-def run(cmd, env=None, log=None):
+def run(cmd, env=None, log=None, gpus=False):
+    """cmd's process, its output captured; with gpus, as the user would launch it, on one GPU (ONE_GPU)."""
     # a launch that hangs fails its tests after 10 minutes, not CI's 90, and leaves none of its processes behind
     marker = tempfile.mkdtemp(prefix="launch-")
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "ZERO3_TEST_LAUNCH": marker, **(env or {})})
+                              env={**({**AS_LAUNCHED, **ONE_GPU} if gpus else os.environ), "ZERO3_TEST_LAUNCH": marker,
+                                   **(env or {})})
     finally:
         for leftover in run_processes(marker, "ZERO3_TEST_LAUNCH"):
             leftover.kill()
@@ -37,10 +68,10 @@ def run(cmd, env=None, log=None):
     return proc
 
 
-def run_sh_once(tmp_path_factory, name, *args):
+def run_sh_once(tmp_path_factory, name, *args, gpus=False):
     """`bash run.sh ARGS` with its results in a fresh folder: the process, the run's folder and its runs."""
     results = tmp_path_factory.mktemp(name)
-    proc = run(["bash", "run.sh", *args], env={"RESULTS": str(results)})
+    proc = run(["bash", "run.sh", *args], env={"RESULTS": str(results)}, gpus=gpus)
     folders = list(results.iterdir())
     assert len(folders) == 1, proc.stdout + proc.stderr
     return SimpleNamespace(proc=proc, folder=folders[0], runs=json_runs(folders[0]))

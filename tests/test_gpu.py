@@ -1,0 +1,216 @@
+"""On a GPU machine: the rule of tests/conftest.py, which keeps every other test of the suite off the GPUs, checked
+on any machine against an emulated one; and what only a GPU shows, in the tests marked gpu, which launch as a user
+would, on one GPU, and are skipped where torch sees none.
+
+The GPU launches are shared by module-scoped fixtures: only this file uses them, and together they must leave the
+whole suite within one 10-minute run on one H200."""
+import os
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+from deepspeed.accelerator import real_accelerator
+
+import launches
+import options
+from accounting.shapes import PRESETS
+from conftest import run, run_sh_once
+from machine import free_port
+from test_accounting import PEAK_TOLERANCE
+
+H200_BYTES = 143_771 * 2**20  # what torch reports of an H200's memory
+
+
+# -----------------------------------------------------------------------------
+# the rule: the suite's own launches see no GPU, even on a GPU machine
+
+@pytest.fixture
+def one_gpu_machine(monkeypatch):
+    """torch.cuda as on a machine with one H200, read as the CUDA runtime reads CUDA_VISIBLE_DEVICES: an empty
+    one hides the GPU."""
+    def device_count():
+        return 0 if os.environ.get("CUDA_VISIBLE_DEVICES") == "" else 1
+    monkeypatch.setattr(torch.cuda, "device_count", device_count)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: device_count() > 0)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_, **__: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda *_: SimpleNamespace(name="NVIDIA H200", total_memory=H200_BYTES))
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)  # DeepSpeed's own choice, not a user's override
+    monkeypatch.setattr(real_accelerator, "ds_accelerator", None)  # DeepSpeed detects again, and is restored after
+
+
+def planned_ranks():
+    """The ranks of each run that `bash run.sh` would launch, as launches.py plans them in this process."""
+    runs, _ = launches.plan("", "0 3", "", [])
+    return [n for n, _, _ in runs]
+
+
+def test_on_a_machine_with_one_gpu_the_suite_keeps_the_cpus_defaults(one_gpu_machine):
+    run_, _ = launches.checked(["--stage", "3"], launches.CPU_PROCESSES)
+    assert (run_.model, run_.seq) == ("tiny", PRESETS["tiny"].context)
+    assert planned_ranks() == [launches.CPU_PROCESSES] * 2
+
+
+def test_the_emulated_gpu_gives_the_gpus_defaults_once_it_is_not_hidden(one_gpu_machine, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the rule broken: the check above must then fail
+    run_, _ = launches.checked(["--stage", "3"], launches.REHEARSED_RANKS)
+    assert (run_.model, run_.seq) == ("1.3b", PRESETS["1.3b"].context)
+    assert planned_ranks() == [launches.REHEARSED_RANKS] * 2
+
+
+def test_deepspeed_picks_its_cpu_accelerator_on_a_gpu_machine_whose_gpus_are_hidden(one_gpu_machine, monkeypatch):
+    assert real_accelerator.get_accelerator()._name == "cpu"
+    monkeypatch.setattr(real_accelerator, "ds_accelerator", None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert real_accelerator.get_accelerator()._name == "cuda"
+
+
+LAUNCHERS = {  # each with the processes it starts
+    "python3": (1, lambda script: [sys.executable, script]),
+    "torchrun": (2, lambda script: [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                                    "--master_port", str(free_port()), script]),
+    # under its CPU accelerator it sets each rank's CUDA_VISIBLE_DEVICES to 0..N-1 (deepspeed/launcher/launch.py)
+    "deepspeed": (2, lambda script: ["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), script]),
+}
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_every_process_that_the_suite_launches_sees_no_gpu(launcher, tmp_path):
+    script = tmp_path / "visible.py"
+    script.write_text("import os, pathlib, sys\n"
+                      "pathlib.Path(sys.argv[0]).with_name(f'seen{os.getpid()}').write_text("
+                      "repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
+    processes, command = LAUNCHERS[launcher]
+    proc = run(command(str(script)))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert [seen.read_text() for seen in tmp_path.glob("seen*")] == ["''"] * processes
+
+
+# -----------------------------------------------------------------------------
+# what only a GPU shows: the launches, on one GPU
+
+gpu = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu_sweep(tmp_path_factory):
+    """`bash run.sh --ranks "1 2"` on one GPU: the 1.3b model at stages 0 and 3, on 1 rank and on 2 rehearsed."""
+    return run_sh_once(tmp_path_factory, "gpu_sweep", "--ranks", "1 2", gpus=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_default(tmp_path_factory):
+    """`bash run.sh` on one GPU, as the README's first command runs it."""
+    return run_sh_once(tmp_path_factory, "gpu_default", gpus=True)
+
+
+@pytest.fixture(scope="module")
+def gpu_fp16(tmp_path_factory):
+    """`bash run.sh --ranks 2 --dtype fp16` on one GPU, where DeepSpeed's loss scaler skips the steps whose
+    gradients overflow (issue 31: at stage 3 the first 3 of them on an H200)."""
+    return run_sh_once(tmp_path_factory, "gpu_fp16", "--ranks", "2", "--dtype", "fp16", gpus=True)
+
+
+def records_at(runs, world_size):
+    """{run name: its ranks' records} of the runs at world_size ranks."""
+    return {name: rs for name, rs in runs.items() if rs and rs[0]["world_size"] == world_size}
+
+
+@gpu
+def test_on_one_gpu_the_1_3b_peak_is_predicted_within_5_percent_at_1_rank_and_in_a_2_rank_rehearsal(gpu_sweep):
+    misses = {}
+    for name, rs in gpu_sweep.runs.items():
+        for r in rs:
+            assert r["model"] == "1.3b" and r["mem_kind"] == "cuda", name
+            miss = r["predicted_peak_bytes"] / r["peak_mem_bytes"] - 1
+            if abs(miss) > PEAK_TOLERANCE:
+                misses[f"{name} rank {r['rank']}"] = round(miss, 3)
+    assert sorted(gpu_sweep.runs) == ["stage0_1ranks", "stage0_2ranks", "stage3_1ranks", "stage3_2ranks"]
+    assert all(r["rehearsal"] for rs in records_at(gpu_sweep.runs, 2).values() for r in rs)
+    assert misses == {}
+
+
+@gpu
+def test_on_one_gpu_at_1_rank_no_collective_moves_data_over_nccl(gpu_sweep):
+    for name, rs in records_at(gpu_sweep.runs, 1).items():
+        [r] = rs
+        assert all(s["comm"][kind]["elems"] == 0 for s in r["steps"] for kind in s["comm"]), name
+        assert r["comm_volume"] == r["paper_comm_volume"] == 0, name
+
+
+@gpu
+def test_on_one_gpu_2_rehearsed_ranks_at_stage_0_all_reduce_every_gradient_once_per_step(gpu_sweep):
+    for r in gpu_sweep.runs["stage0_2ranks"]:
+        for s in r["steps"]:
+            assert s["comm"]["all_gather"]["elems"] == s["comm"]["reduce_scatter"]["elems"] == 0
+            # the gradients, and the loss with the ranks' stop flag (train_gpt.all_reduced_loss)
+            assert s["comm"]["all_reduce"]["elems"] == r["params_total"] + 2
+        assert r["paper_comm_volume"] == 2
+
+
+@gpu
+def test_on_one_gpu_2_rehearsed_ranks_at_stage_3_gather_every_parameter_twice_and_reduce_scatter_every_gradient(
+        gpu_sweep):
+    for r in gpu_sweep.runs["stage3_2ranks"]:
+        last = r["steps"][-1]["comm"]
+        assert last["reduce_scatter"]["elems"] >= r["params_total"]
+        assert last["all_gather"]["elems"] >= 2 * (r["params_total"] - r["persistent_elems"])  # forward, backward
+        assert r["paper_comm_volume"] == 3
+
+
+@gpu
+def test_the_default_run_sh_on_one_gpu_rehearses_ranks_on_it(gpu_default):
+    assert "ranks rehearse on it over gloo" in gpu_default.proc.stdout
+    for name, rs in gpu_default.runs.items():
+        assert len(rs) == rs[0]["world_size"] > 1, name
+        assert all(r["rehearsal"] and r["gpus"] == 1 and r["model"] == "1.3b" for r in rs), name
+
+
+@gpu
+def test_the_default_run_sh_on_one_gpu_passes(gpu_default):
+    out = gpu_default.proc.stdout
+    assert gpu_default.proc.returncode == 0, out[-3000:] + gpu_default.proc.stderr[-3000:]
+    assert "VERDICT: PASS" in out and out.count("PASS  (") == 5  # (a) to (e)
+
+
+# fp16 as issue 31 asks it to be judged, read by the names of branch i31 (at f10ea10, not yet merged when this was
+# written): a step's "applied" and "loss_scale", the step line's "SKIPPED: overflow" and the table's "skipped steps".
+
+@gpu
+def test_fp16_on_one_gpu_passes(gpu_fp16):
+    out = gpu_fp16.proc.stdout
+    assert gpu_fp16.proc.returncode == 0, out[-3000:] + gpu_fp16.proc.stderr[-3000:]
+    assert "VERDICT: PASS" in out
+
+
+@gpu
+def test_fp16_records_each_step_as_applied_or_skipped_with_its_loss_scale(gpu_fp16):
+    for name, rs in gpu_fp16.runs.items():
+        for r in rs:
+            assert r["dtype"] == "fp16"
+            assert all(isinstance(s["applied"], bool) and s["loss_scale"] > 0 for s in r["steps"]), name
+
+
+@gpu
+def test_fp16_trains_until_its_steps_are_applied_within_the_cap_of_skipped_ones(gpu_fp16):
+    for name, rs in gpu_fp16.runs.items():
+        for r in rs:
+            applied = sum(s["applied"] for s in r["steps"])
+            assert applied == r["steps_planned"], name
+            assert len(r["steps"]) <= r["steps_planned"] + options.MAX_SKIPPED_STEPS, name
+
+
+@gpu
+def test_fp16_skipped_steps_are_shown_on_the_terminal(gpu_fp16):
+    out = gpu_fp16.proc.stdout
+    skipped_anywhere = any(not s["applied"] for rs in gpu_fp16.runs.values() for s in rs[0]["steps"])
+    assert ("SKIPPED: overflow" in out) == ("skipped steps" in out) == skipped_anywhere
+
+
+@gpu
+def test_fp16_verdict_c_judges_the_losses_of_the_applied_steps(gpu_fp16):
+    [line] = [line for line in gpu_fp16.proc.stdout.splitlines() if "(c)" in line and "PASS" in line]
+    for name, rs in gpu_fp16.runs.items():
+        applied = [s["loss"] for s in rs[0]["steps"] if s["applied"]][:options.SAME_ROWS_STEPS]
+        assert f"{name.replace('stage', 'stage ')} {' -> '.join(f'{x:.3f}' for x in applied)}" in line
