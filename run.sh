@@ -80,9 +80,9 @@ trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
 # run.sh killed outright (SIGKILL to its group) passes nothing on: a watchdog in a session of its own ends what
 # its runs left within 10 s, as a signal would; after a clean end it finds nothing. It is no child of run.sh's,
-# which waits for its children
+# which waits for its children, and it takes a run.sh that its parent has not yet reaped (a zombie) as ended
 export -f run_processes
-( setsid bash -c 'out=$1; while kill -0 "$0"; do sleep 0.5; done; left=$(run_processes)
+( setsid bash -c 'out=$1; while grep -qs "^State:.[^Z]" "/proc/$0/status"; do sleep 0.5; done; left=$(run_processes)
   [ -z "$left" ] || { kill -TERM $left; sleep 5; run_processes | xargs -r kill -KILL; }' "$$" "$out" &
 ) > /dev/null 2>&1 < /dev/null
 launch() {  # one run, its output in its log and its progress on the terminal; a signal ends it within 10 s
