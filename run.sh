@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmark at stage 0, then stage 3, keeps each run's log under results/<timestamp>/, and prints
 # the progress, the comparison and the verdict; report.py --write also writes summary.json, summary.md and memory.png.
-# `bash run.sh --help` says how to use it. Exit status: 0 PASS, 1 FAIL, 2 bad input, 5 NOT OBSERVABLE, and
-# 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of what finished.
+# `bash run.sh --help` says how to use it. Exit status: 0 PASS, 1 FAIL, 2 bad input, 5 NOT OBSERVABLE, 6 a
+# file not written, and 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of what finished.
 set -uo pipefail
 started=$(date +%s.%N)
 usage() {
@@ -61,9 +61,9 @@ if [ -n "${HOSTFILE:-}" ]; then
   [ "$ranks" -gt 0 ] || bad "HOSTFILE $HOSTFILE names no host with slots=N"
 fi
 plan=$(python3 launches.py "$ranks" "$stages" "$peer" "${args[@]}") || exit
-unwritable() { echo "run.sh: error: cannot write $1: ${2##*: }" >&2; exit 6; }  # a full disk, say: exit 6
-out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX" 2>&1) || unwritable "a folder in $results" "$out"
-to_log() { local why; why=$( { echo "$*" >> "$log"; } 2>&1 ) || unwritable "the log $log" "$why"; }
+unwritable() { echo "run.sh: error: cannot $1: ${2##*: }" >&2; exit 6; }  # a full disk, say: exit 6
+out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX" 2>&1) || unwritable "make a folder in $results" "$out"
+to_log() { local why; why=$( { echo "$*" >> "$log"; } 2>&1 ) || unwritable "write the log $log" "$why"; }
 # A closed terminal (`bash run.sh | head`) stops nothing: the runs go on, and report.txt keeps the report
 trap '' PIPE
 say() { echo "$@" 2> /dev/null; }
