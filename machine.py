@@ -158,11 +158,12 @@ def home_caches() -> dict:
 
 
 def writable(folder: Path) -> bool:
-    """Whether a file can be made in folder, made if missing (not under a read-only home, as some containers
-    mount it: the ops' build, which takes a lock file there, would fail, even with the ops built)."""
+    """Whether a file can be made in folder or, while it is missing, in the folder that would make it: not
+    under a read-only home, as some containers mount it (the ops' build, which takes a lock file there, would
+    fail even with the ops built). Nothing is left behind."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=existing):
             return True
     except OSError:
         return False
