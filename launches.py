@@ -4,7 +4,7 @@ What run.sh launches, worked out before anything starts, in one process: every i
 
     RUN <ranks> <log name> <train_gpt.py arguments, shell-quoted>
     NOTE <a line for the terminal>
-    PORT <a free port for the launcher>
+    ENV <variable> <value>   (for every run and the report: a cache moved off a home folder that cannot be written)
 
     python3 launches.py RANKS STAGES PEER [train_gpt.py options ...]    # RANKS "" means every GPU
 
@@ -12,6 +12,7 @@ A stage is a number or the rest of a config's name (3_offload is ds_config_stage
 (fsdp2) runs last, on stage 3's config. With one GPU and no RANKS, the ranks rehearse REHEARSED_RANKS on it:
 one rank has nothing to shard across. Bad input: one line on stderr, exit 2.
 """
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ def config_args(stage):
     """train_gpt.py's arguments that choose a stage's config (stages.config_path)."""
     if stage == "fsdp2":
         return ["--stage", str(stages.ZERO3), "--engine", "fsdp2"]
+    if stages.config_path(stage).is_dir():  # as a container's bind mount of a file that was missing makes it
+        bad(f"{stages.config_path(stage)} is a folder, not a config file")
     if not stages.config_path(stage).is_file():
         bad(f"no config for stage '{stage}'; there are: {' '.join(stages.config_names())}")
     return ["--stage", stage] if stage.isdigit() else ["--config", stages.config_path(stage).name]
@@ -100,7 +103,11 @@ def plan(ranks, stage_names, peer, argv):
 def main(argv):
     ranks, stage_names, peer, *rest = argv
     runs, notes = plan(ranks, stage_names, peer, rest)
-    lines = [f"NOTE\t{note}" for note in notes] + [f"PORT\t{machine.free_port()}"]
+    moved = machine.fall_back_caches()
+    if moved:
+        notes.append(f"cannot write {', '.join(map(str, moved.values()))}; instead "
+                     + ", ".join(f"{variable}={os.environ[variable]}" for variable in moved))
+    lines = [f"NOTE\t{note}" for note in notes] + [f"ENV\t{variable}\t{os.environ[variable]}" for variable in moved]
     lines += [f"RUN\t{n}\t{name}\t{shlex.join(run_argv)}" for n, name, run_argv in runs]
     print("\n".join(lines))
 

@@ -8,9 +8,11 @@ import os
 import platform
 import re
 import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -25,9 +27,10 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads
 
 
-def free_port():
+def free_port() -> int:
+    """A port that nothing holds on any interface now (run.sh's free_port is the same, without torch)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
@@ -118,6 +121,7 @@ def checked_launcher_env(env=os.environ):
 def prepare_process():
     """What a training process needs before DeepSpeed starts its work, each with its reason."""
     normalise_cuda_arch_list()
+    fall_back_caches()
     keep_extensions_apart()
     # DeepSpeed (0.14 to 0.19.8 at least) calls torch.distributed functions that torch 2.4 on deprecates: the
     # warnings say nothing that a user can act on
@@ -162,14 +166,54 @@ def normalise_cuda_arch_list():
         os.environ["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)[a-z]+", r"\1", archs)
 
 
-def keep_extensions_apart():
+def extensions_folder() -> Path:
     """DeepSpeed JIT-builds its C++ ops (the CPU all-reduce, CPU Adam) into ~/.cache/torch_extensions, one
     folder for every Python environment: two environments with different torch builds rebuilt each other's
     ops there, about 100 s a stage on 2 cores. Each environment gets its own folder, named after its prefix
-    and torch; a TORCH_EXTENSIONS_DIR that is set already is kept."""
+    and torch."""
     key = hashlib.sha1(f"{sys.prefix} {torch.__version__}".encode()).hexdigest()[:8]
-    name = f"{Path(sys.prefix).name}-torch{torch.__version__}-{key}"
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions" / name))
+    return Path.home() / ".cache" / "torch_extensions" / f"{Path(sys.prefix).name}-torch{torch.__version__}-{key}"
+
+
+def keep_extensions_apart():
+    """The ops of this environment in a folder of their own (extensions_folder); a TORCH_EXTENSIONS_DIR that
+    is set already is kept."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_folder()))
+
+
+def home_caches() -> dict:
+    """What a run writes under the home folder, by the variable that moves it: the ops (extensions_folder),
+    Triton's kernels (torch.compile and DeepCompile on GPUs) and matplotlib's font list (report.py)."""
+    home = Path.home()
+    return {"TORCH_EXTENSIONS_DIR": extensions_folder(), "TRITON_CACHE_DIR": home / ".triton" / "cache",
+            "MPLCONFIGDIR": home / ".cache" / "matplotlib"}
+
+
+def writable(folder: Path) -> bool:
+    """Whether a file can be made in folder or, while it is missing, in the folder that would make it: not
+    under a read-only home, as some containers mount it (the ops' build, which takes a lock file there, would
+    fail even with the ops built). Nothing is left behind."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            return True
+    except OSError:
+        return False
+
+
+def fall_back_caches(env=os.environ) -> dict:
+    """Each cache of home_caches that no variable places and that cannot be written, moved to a folder of the
+    temp dir, with what it holds (the ops already built, which then need no rebuild); returns {variable:
+    the folder it could not write}."""
+    moved = {}
+    for variable, folder in home_caches().items():
+        if variable in env or writable(folder):
+            continue
+        instead = Path(tempfile.gettempdir(), f"zero3-bench-{os.getuid()}", folder.relative_to(Path.home()))
+        if folder.is_dir() and not instead.exists():
+            shutil.copytree(folder, instead, symlinks=True)
+        env[variable], moved[variable] = str(instead), folder
+    return moved
 
 
 def release_shared_memory(world):

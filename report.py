@@ -6,7 +6,8 @@ verdict; the work is in reporting/ (reading, verdict, tables, artifacts, compare
     python report.py --write results/<timestamp>   # and writes summary.json, summary.md, memory.png there
     python report.py --compare results/A results/B [--tolerance 5]   # what moved; exit 1 on a regression
 
-The verdict exits 0 on PASS, 1 on FAIL, 5 when it is not observable (one rank), 2 on bad input. Only the
+The verdict exits 0 on PASS, 1 on FAIL, 5 when it is not observable (one rank), 2 on bad input, 6 when a
+file of the report cannot be written (one line says which). Only the
 standard library is needed; matplotlib, if installed, draws the plot.
 """
 import argparse
@@ -55,6 +56,17 @@ def report(folder, write):
 
 def main(argv=None):
     args = parse_args(argv)
+    try:
+        if args.write and os.environ.get("RUN_COMMAND") and args.folder and args.folder.is_dir():  # run.sh's report.txt
+            return artifacts.kept_in(args.folder / "report.txt", lambda: command(args))
+        return command(args)
+    except artifacts.NotWritten as e:  # a full disk: the files written stand whole, the others are not there
+        print(f"report.py: error: {e}", file=sys.stderr)
+        return EXIT["not written"]
+
+
+def command(args):
+    """What the command line asks: a folder's report, or the comparison of two."""
     if args.folder and os.environ.get("RUN_SIGNAL") and not any(args.folder.glob("*.log")):
         name = signal.Signals(int(os.environ["RUN_SIGNAL"])).name
         print(f"VERDICT: INTERRUPTED by {name}: no run started\nresults: {args.folder}")

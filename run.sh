@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the benchmark at stage 0, then stage 3, keeps each run's log under results/<timestamp>/, and prints
 # the progress, the comparison and the verdict; report.py --write also writes summary.json, summary.md and memory.png.
-# `bash run.sh --help` says how to use it. Exit status: 0 PASS, 1 FAIL, 2 bad input, 5 NOT OBSERVABLE, and
-# 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of what finished.
+# `bash run.sh --help` says how to use it. Exit status: 0 PASS, 1 FAIL, 2 bad input, 5 NOT OBSERVABLE, 6 a
+# file not written, and 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of what finished.
 set -uo pipefail
 started=$(date +%s.%N)
 usage() {
@@ -25,7 +25,11 @@ EOF
     -e '--engine' -e '--check' -e '-h, --help' -e '^ *RANKS'
 }
 bad() { echo "run.sh: error: $*" >&2; exit 2; }
-results=$(realpath -m "${RESULTS:-$(dirname "$0")/results}")
+# run.sh is its runs' launcher: a caller's own (a Slurm step, a PyTorchJob pod) would make its checks and its
+# one-rank runs another rank of another world, whose errors print nowhere (machine.adopt_launcher_env reads these)
+unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT SLURM_PROCID OMPI_COMM_WORLD_RANK \
+  PMI_RANK PMIX_RANK
+results=$(realpath -m -- "${RESULTS:-$(dirname "$0")/results}")
 command="bash run.sh"; [ $# -eq 0 ] || command+=$(printf ' %q' "$@")
 cd "$(dirname "$0")"
 ranks=${RANKS:-} stages="0 3" peer="" args=()  # run.sh's options anywhere on the line; the rest go to train_gpt.py
@@ -57,8 +61,15 @@ if [ -n "${HOSTFILE:-}" ]; then
   [ "$ranks" -gt 0 ] || bad "HOSTFILE $HOSTFILE names no host with slots=N"
 fi
 plan=$(python3 launches.py "$ranks" "$stages" "$peer" "${args[@]}") || exit
-out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX") || bad "cannot make a folder in $results"
-echo "results: $out"
+unwritable() { echo "run.sh: error: cannot $1: ${2##*: }" >&2; exit 6; }  # a full disk, say: exit 6
+out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX" 2>&1) || unwritable "make a folder in $results" "$out"
+to_log() { local why; why=$( { echo "$*" >> "$log"; } 2>&1 ) || unwritable "write the log $log" "$why"; }
+# A closed terminal (`bash run.sh | head`) stops nothing: the runs go on, and report.txt keeps the report
+trap '' PIPE
+say() { echo "$@" 2> /dev/null; }
+# machine.free_port, without the 2 s of torch's imports
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'; }
+say "results: $out"
 signal="" pid="" skipped=""
 trap 'on_signal 1' HUP  # a closed terminal: the runs sit in sessions of their own, which it would not reach
 # Every process of a run carries ZERO3_BENCH_RUN in its environment, whatever session its launcher puts it in
@@ -67,12 +78,20 @@ run_processes() { grep -lszxF "ZERO3_BENCH_RUN=$out" /proc/[0-9]*/environ | cut 
 on_signal() { signal=$1; { run_processes; echo "$pid"; } | xargs -r kill -TERM 2> /dev/null; }
 trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
+# run.sh killed outright (SIGKILL to its group) passes nothing on: a watchdog in a session of its own ends what
+# its runs left within 10 s, as a signal would; after a clean end it finds nothing. It is no child of run.sh's,
+# which waits for its children, and it takes a run.sh that its parent has not yet reaped (a zombie) as ended
+export -f run_processes
+( setsid bash -c 'out=$1; while grep -qs "^State:.[^Z]" "/proc/$0/status"; do sleep 0.5; done; left=$(run_processes)
+  [ -z "$left" ] || { kill -TERM $left; sleep 5; run_processes | xargs -r kill -KILL; }' "$$" "$out" &
+) > /dev/null 2>&1 < /dev/null
 launch() {  # one run, its output in its log and its progress on the terminal; a signal ends it within 10 s
-  echo "LAUNCHED $(date +%s.%N)" >> "$log"
+  to_log "LAUNCHED $(date +%s.%N)"
   ZERO3_BENCH_RUN=$out setsid "$@" >> "$log" 2>&1 < /dev/null &
   pid=$!
   [ -z "$signal" ] || kill -TERM "$pid"  # a signal that came as it started
-  tail -s 0.2 -n +1 --pid="$pid" -f "$log" | grep --line-buffered -E '^([^ ]+: )?\[ *[0-9.]+s\] ' &
+  tail -s 0.2 -n +1 --pid="$pid" -f "$log" 2> /dev/null | grep --line-buffered -E '^([^ ]+: )?\[ *[0-9.]+s\] ' \
+    2> /dev/null &
   wait "$pid"
   for _ in {1..40}; do [ -n "$signal" ] && [ -n "$(run_processes)" ] || break; sleep 0.2; done  # 8 s to stop
   run_processes | xargs -r kill -KILL 2> /dev/null
@@ -80,15 +99,16 @@ launch() {  # one run, its output in its log and its progress on the terminal; a
   wait  # the progress view ends with the launcher
   # DeepSpeed's CPU all-reduce names a shared-memory buffer per rank after the port: a killed rank's stays behind
   rm -f /dev/shm/deepspeed_allreduce_buffer_"$(id -u)"_*_"${port}"_*
-  echo "ENDED $(date +%s.%N) $status" >> "$log"
+  to_log "ENDED $(date +%s.%N) $status"
 }
 while IFS=$'\t' read -r kind n name argv; do
   case $kind in
-    NOTE) echo "$n" ;;
-    PORT) port=$n ;;
+    NOTE) say "$n" ;;
+    ENV) export "$n=$name" ;;
     RUN)
       [ -z "$signal" ] || { skipped+=" $name"; continue; }
       eval "train=($argv)"
+      port=$(free_port)  # each run's own, free as it launches: a listener may have taken the last run's
       if [ -n "${HOSTFILE:-}" ]; then
         launcher=(deepspeed --hostfile "$HOSTFILE" --master_port "$port" train_gpt.py)
       elif [ "$n" = 1 ]; then  # one rank needs no launcher, which would cost seconds of start-up
@@ -98,15 +118,14 @@ while IFS=$'\t' read -r kind n name argv; do
                   train_gpt.py)
       fi
       log=$out/$name.log
-      echo "== $name: ${train[*]} on $n rank(s); log $log"
-      echo "COMMAND ${launcher[*]} ${train[*]}" > "$log"
+      say "== $name: ${train[*]} on $n rank(s); log $log"
+      to_log "COMMAND ${launcher[*]} ${train[*]}"
       launch "${launcher[@]}" "${train[@]}" ;;
   esac
 done <<< "$plan"
 interrupted=$signal  # a signal during the report stops nothing: every run has ended, and it is the result
 ( trap '' HUP INT TERM
   RUN_COMMAND=$command RUN_STARTED=$started RUN_SIGNAL=$interrupted RUN_SKIPPED=$skipped \
-    python3 report.py --write "$out" | tee "$out/report.txt"
-  exit "${PIPESTATUS[0]}" )
+    python3 report.py --write "$out" )
 status=$?
 exit $((interrupted ? 128 + interrupted : status))

@@ -1,11 +1,14 @@
 """
 What a report leaves in a results folder: summary.json (the whole account, every rank's result in it),
-summary.md (the same for a reader) and memory.png.
+summary.md (the same for a reader), memory.png and, for run.sh, report.txt. Each is written whole or not at all.
 """
+import io
 import json
 import math
 import os
+import sys
 from pathlib import Path
+from typing import Callable
 
 from formatting import gib, rank_table
 from result import as_dict
@@ -172,16 +175,18 @@ def plot(folder, runs):
     if len(worlds) > 1:
         draw_scaling(axes[0][1], worlds)
     fig.tight_layout(rect=(0, 0.04 + 0.4 / fig.get_figheight(), 1, 1))  # room for the legend below
-    fig.savefig(Path(folder) / "memory.png", dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    write_whole(Path(folder) / "memory.png", png.getvalue())
     return True
 
 
 def write(folder, runs, checks, overall, verdict_at):
     """summary.json, summary.md and memory.png in the folder; returns the names of the files written."""
     account = summary(folder, runs, checks, overall, verdict_at)
-    Path(folder, "summary.json").write_text(json.dumps(without_nan(account), indent=1, allow_nan=False))
-    Path(folder, "summary.md").write_text(summary_markdown(account, runs, checks))
+    write_whole(Path(folder, "summary.json"), json.dumps(without_nan(account), indent=1, allow_nan=False).encode())
+    write_whole(Path(folder, "summary.md"), summary_markdown(account, runs, checks).encode())
     return ["summary.json", "summary.md"] + (["memory.png"] if plot(folder, runs) else [])
 
 
@@ -190,3 +195,52 @@ def results_line(folder, written):
     RUN_COMMAND) tees this output into it."""
     files = (["report.txt"] if os.environ.get("RUN_COMMAND") else []) + written
     return f"results: {folder}" + (f" ({', '.join(files)})" if files else "")
+
+
+class NotWritten(Exception):
+    """A file of the report that could not be written (a full disk, a read-only folder), in one line."""
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """path holds data whole or is left as it was: the data goes into a file beside it, renamed over it once
+    complete, so that a full disk leaves no file cut short."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        with open(part, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, path)
+    except OSError as e:
+        part.unlink(missing_ok=True)
+        raise NotWritten(f"cannot write {path}: {e.strerror or e}") from None
+
+
+class Copied(io.TextIOBase):
+    """The terminal's output, kept as it is shown. A terminal that is gone (`bash run.sh | head`) stops
+    nothing: its later lines go to /dev/null, and the copy keeps them."""
+
+    def __init__(self, terminal):
+        self.terminal, self.text = terminal, io.StringIO()
+
+    def write(self, text):
+        self.text.write(text)
+        try:
+            self.terminal.write(text)
+            self.terminal.flush()
+        except OSError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.terminal.fileno())
+        return len(text)
+
+
+def kept_in(path: Path, report: Callable[[], int]) -> int:
+    """report()'s exit status, with what it prints shown and then written whole into path (run.sh's
+    report.txt)."""
+    terminal, sys.stdout = sys.stdout, Copied(sys.stdout)
+    try:
+        status = report()
+        text = sys.stdout.text.getvalue()
+    finally:
+        sys.stdout = terminal
+    write_whole(path, text.encode())
+    return status

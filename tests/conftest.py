@@ -10,9 +10,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -454,3 +456,83 @@ def kill_rank_1(proc, results):
 def rank_killed(tmp_path_factory):
     """SIGKILL to rank 1 during stage 3."""
     return run_sh_signalled(tmp_path_factory, "killed", kill_rank_1, "--stages", "3")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """tmpfs(size_bytes): a fresh file system of that size under tmp_path, to fill (skipped where mount is refused)."""
+    mounts = []
+
+    def mount(size, options=""):
+        folder = tmp_path / f"fs{len(mounts)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}{options}", "tmpfs", str(folder)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        mounts.append(folder)
+        return folder
+    yield mount
+    for folder in mounts:
+        subprocess.run(["umount", "-l", str(folder)])
+
+
+def squat(folder, held):
+    """Takes the port of stage 0 of a results folder under `folder` as soon as stage 0, once its process group
+    has started, lets it go, and listens on it until the folder's report.txt is written; held['port'] says it
+    did before stage 3 launched."""
+    deadline = time.monotonic() + 600
+    while not list(folder.glob("*/stage0.log")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = next(folder.glob("*/stage0.log"))
+    while not re.search("process group: done|ENDED", log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = int(re.search(r"(?:MASTER_PORT=|--master_port )(\d+)", log.read_text())[1])
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the run's connections in TIME_WAIT
+        while time.monotonic() < deadline:
+            try:
+                s.bind(("", port))
+                break
+            except OSError:
+                time.sleep(0.02)
+        s.listen()
+        held["port"] = port if not (log.parent / "stage3.log").exists() else None
+        while not (log.parent / "report.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def pipe_and_caller(tmp_path_factory):
+    """`bash run.sh --ranks 1 | head -n 4` as a PyTorchJob pod's shell would run it: RANK=1 WORLD_SIZE=2 and a
+    master inherited, and a listener that takes stage 0's port as soon as stage 0 ends."""
+    results = tmp_path_factory.mktemp("pipe")
+    held = {}
+    squatter = threading.Thread(target=squat, args=(results, held), daemon=True)
+    squatter.start()
+    proc = run(["bash", "-c", 'bash run.sh --ranks 1 | head -n 4; exit "${PIPESTATUS[0]}"'],
+               env={"RESULTS": str(results), "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(free_port())})
+    squatter.join(timeout=5)
+    [folder] = [p for p in results.iterdir() if p.is_dir()]
+    return SimpleNamespace(proc=proc, folder=folder, runs=json_runs(folder), squatted=held.get("port"))
+
+
+def killed_group(seconds):
+    """SIGKILL to run.sh's process group, then the seconds until none of the run's processes is left (at most 30)."""
+    def act(proc, results):
+        os.killpg(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while run_processes(results) and time.monotonic() < killed + 30:
+            time.sleep(0.1)
+        seconds.append(time.monotonic() - killed)
+    return act
+
+
+@pytest.fixture(scope="session")
+def group_killed(tmp_path_factory):
+    """`kill -KILL -<pgid>` of run.sh during stage 3, which no trap can see."""
+    seconds = []
+    run = run_sh_signalled(tmp_path_factory, "group_killed", killed_group(seconds), "--stages", "3")
+    run.seconds = seconds[0]
+    return run
