@@ -57,6 +57,8 @@ def run_sh_over_two_nodes(engines, tmp_path_factory):
 
 @pytest.fixture(params=LAUNCHERS)
 def launched(request, stage3_under):
+    if request.param == "deepspeed":  # run.sh over the hostfile's two nodes launches its stage 3
+        return real.stage3_of(request.getfixturevalue("run_sh_over_two_nodes"))
     return stage3_under(request.param)
 
 

@@ -34,11 +34,11 @@ def hostfile(folder):
 
 
 def torchrun_agents(port, *train):
-    """Two torchrun agents, one node each, meeting at a c10d rendezvous on this machine; the first hosts it."""
-    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "zero3",
-              "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    return [[sys.executable, "-m", "torch.distributed.run", *common, "--rdzv-conf", f"is_host={host}",
-             "train_gpt.py", *train] for host in ("true", "false")]
+    """Two torchrun agents, one node each, meeting at a c10d rendezvous on this machine."""
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-id", "zero3", "--rdzv-endpoint", f"127.0.0.1:{port}", "train_gpt.py",
+             *train]
+    return [agent, agent]
 
 
 def commands(launcher, folder, *train):
@@ -103,11 +103,17 @@ def report(folder):
 
 
 def stage3(folder, launcher):
-    """train_gpt.py --stage 3 on 2 ranks under launcher, and the report of its log."""
+    """train_gpt.py --stage 3 on 2 ranks under launcher."""
     log = folder / "stage3.log"
     statuses, seconds = launch(folder, commands(launcher, folder, "--stage", "3"), log)
-    return SimpleNamespace(launcher=launcher, statuses=statuses, seconds=seconds, log=log, records=json_results(log),
-                           report=report(folder)[1])
+    return SimpleNamespace(launcher=launcher, statuses=statuses, seconds=seconds, log=log, records=json_results(log))
+
+
+def stage3_of(run_sh):
+    """The stage-3 launch of a run.sh over the hostfile (run_sh_over_hostfile), as stage3 gives one."""
+    log = run_sh.folder / "stage3.log"
+    return SimpleNamespace(launcher="deepspeed", statuses=run_sh.statuses, seconds=None, log=log,
+                           records=json_results(log))
 
 
 def kill_rank_1(launcher):
