@@ -132,6 +132,7 @@ def killed(folder, launcher):
     statuses, seconds = launch(folder, commands(launcher, folder, "--stage", "3", "--steps", str(STEPS_TO_KILL)),
                                log, until=f"step 3/{STEPS_TO_KILL}", act=kill_rank_1(launcher))
     status, out = report(folder)
+    (folder / "report.txt").write_text(out)
     return SimpleNamespace(launcher=launcher, statuses=statuses, seconds=seconds, log=log, report=out,
                            report_status=status)
 
