@@ -4,7 +4,10 @@ torchrun with two rendezvous agents. srun and mpirun set their own variables, no
 train_gpt.py must read them, or every process would train alone as rank 0 of 1. A rank killed under each is
 named in the report; a rank that hangs must end the run, with the hung rank named, within a stated time."""
 import functools
+import os
+import pwd
 import socket
+import subprocess
 
 import pytest
 import torch
@@ -276,3 +279,12 @@ def test_a_result_line_cut_short_is_passed_over(tmp_path):
     log = tmp_path / "stage3.log"
     log.write_text(whole + "\n" + whole[:len(whole) // 2] + "\n")
     assert [r.rank for r in reading.read_results(log)] == [0]
+
+
+def test_without_root_start_sh_says_why_in_one_line():
+    user = pwd.getpwnam("nobody") if os.getuid() == 0 else pwd.getpwuid(os.getuid())
+    as_user = ["runuser", "-u", user.pw_name, "--"] if os.getuid() == 0 else []
+    proc = subprocess.run([*as_user, "bash", str(real.START)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stderr.splitlines() == [f"launchers: cannot start: not root (uid {user.pw_uid}): the Slurm daemons, "
+                                        "munged and sshd need root"]
