@@ -96,9 +96,12 @@ def launcher_node(launcher, env=os.environ):
         return env["SLURMD_NODENAME"]
     if launcher == "deepspeed":
         # its launch.py, this rank's parent, holds the hostfile's nodes in its --world_info, in node-rank order
-        world_info = [a.partition("=")[2] for a in psutil.Process().parent().cmdline() if a.startswith("--world_info=")]
-        if world_info and world_info[0] != "None":
-            return list(json.loads(base64.urlsafe_b64decode(world_info[0])))[int(env.get("CROSS_RANK", 0))]
+        try:
+            [world_info] = [a[len("--world_info="):] for a in psutil.Process().parent().cmdline()
+                            if a.startswith("--world_info=")]
+            return list(json.loads(base64.urlsafe_b64decode(world_info)))[int(env.get("CROSS_RANK", 0))]
+        except (psutil.Error, ValueError, IndexError, AttributeError):  # not launch.py's child after all
+            pass
     return socket.gethostname()
 
 

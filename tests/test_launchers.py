@@ -288,3 +288,8 @@ def test_without_root_start_sh_says_why_in_one_line():
     assert proc.returncode == 3
     assert proc.stderr.splitlines() == [f"launchers: cannot start: not root (uid {user.pw_uid}): the Slurm daemons, "
                                         "munged and sshd need root"]
+
+
+def test_under_srun_the_node_is_sruns_name_for_it():
+    assert machine.launcher_node("srun", {"SLURMD_NODENAME": "gpu07"}) == "gpu07"
+    assert machine.launcher_node("mpirun", {"SLURMD_NODENAME": "gpu07"}) == socket.gethostname()
