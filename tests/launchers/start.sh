@@ -56,7 +56,12 @@ KillWait=30
 NodeName=$node NodeAddr=127.0.0.1 CPUs=2 State=UNKNOWN
 PartitionName=local Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
-cmp -s "$STATE/slurm.conf.new" "$STATE/slurm.conf" && rm "$STATE/slurm.conf.new" || mv "$STATE/slurm.conf.new" "$STATE/slurm.conf"
+if cmp -s "$STATE/slurm.conf.new" "$STATE/slurm.conf"; then
+  rm "$STATE/slurm.conf.new"
+else
+  mv "$STATE/slurm.conf.new" "$STATE/slurm.conf"
+  scontrol reconfigure > /dev/null 2>&1 || true  # a slurmctld that runs already reads the new one
+fi
 if ! scontrol ping 2> /dev/null | grep -q UP; then
   slurmctld -f "$STATE/slurm.conf" || cannot "slurmctld did not start (see $STATE/slurmctld.log)"
   for _ in {1..50}; do scontrol ping 2> /dev/null | grep -q UP && break; sleep 0.2; done
