@@ -44,7 +44,7 @@ def stage3_under(engines, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def rank_1_killed_under(engines, tmp_path_factory):
-    """launcher -> its stage-3 launch on 2 ranks whose rank 1 was killed at step 3, with the report."""
+    """launcher -> its stage-3 launch on 2 ranks whose rank 1 was killed after step 1, with the report."""
     return functools.cache(lambda launcher: real.killed(tmp_path_factory.mktemp(f"killed-{launcher}"), launcher))
 
 

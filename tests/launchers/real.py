@@ -103,9 +103,9 @@ def report(folder):
 
 
 def stage3(folder, launcher):
-    """train_gpt.py --stage 3 on 2 ranks under launcher."""
+    """train_gpt.py --stage 3 --steps 1 on 2 ranks under launcher: the census and the shards need one step."""
     log = folder / "stage3.log"
-    statuses, seconds = launch(folder, commands(launcher, folder, "--stage", "3"), log)
+    statuses, seconds = launch(folder, commands(launcher, folder, "--stage", "3", "--steps", "1"), log)
     return SimpleNamespace(launcher=launcher, statuses=statuses, seconds=seconds, log=log, records=json_results(log))
 
 
@@ -126,11 +126,11 @@ def kill_rank_1(launcher):
 
 
 def killed(folder, launcher):
-    """Stage 3 on 2 ranks under launcher whose rank 1 is killed (SIGKILL) once rank 0 has logged step 3, and the
+    """Stage 3 on 2 ranks under launcher whose rank 1 is killed (SIGKILL) once rank 0 has logged step 1, and the
     report of its log."""
     log = folder / "stage3.log"
     statuses, seconds = launch(folder, commands(launcher, folder, "--stage", "3", "--steps", str(STEPS_TO_KILL)),
-                               log, until=f"step 3/{STEPS_TO_KILL}", act=kill_rank_1(launcher))
+                               log, until=f"step 1/{STEPS_TO_KILL}", act=kill_rank_1(launcher))
     status, out = report(folder)
     (folder / "report.txt").write_text(out)
     return SimpleNamespace(launcher=launcher, statuses=statuses, seconds=seconds, log=log, report=out,
