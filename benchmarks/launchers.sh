@@ -24,7 +24,8 @@ echo "start.sh: $(echo "$(date +%s.%N) - $started" | bc) s${1:+ ($1)}" | tee -a 
 base=$(mktemp -d)
 python3 -m pytest -q -p no:cacheprovider tests/test_launchers.py -k "not hung" --durations=0 --basetemp="$base" \
   2>&1 | tee "$out/pytest.txt"
-echo "start.sh and the launches: $(echo "$(date +%s.%N) - $started" | bc) s" | tee -a "$out/pytest.txt"
+echo "start.sh and the launches: $(echo "$(date +%s.%N) - $started" | bc) s; at the end: $(uptime)" |
+  tee -a "$out/pytest.txt"
 for folder in "$base"/{stage3-,killed-,sbatch,hostfile}*/; do  # each launch's logs, as the tests read them
   [ -L "${folder%/}" ] && continue  # pytest's "current" link to the newest of a name
   name=$(basename "$folder" | sed 's/[0-9]*$//')
