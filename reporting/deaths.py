@@ -11,8 +11,8 @@ SIGNAL_BY_TEXT = {signal.strsignal(s): s for s in signal.Signals}  # "Killed" ->
 
 # torchrun's account of the first rank that failed: its "Root Cause" block
 ROOT_CAUSE = re.compile(r"Root Cause.*?host\s*:\s*(\S+).*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-# srun: "srun: error: vm: task 1: Killed", or "...: task 1: Exited with exit code 3"
-SRUN = re.compile(r"^srun: error: (\S+): task (\d+): (.+)$", re.M)
+# srun: "srun: error: vm: task 1: Killed", "...: tasks 0-1,3: Killed", or "...: task 1: Exited with exit code 3"
+SRUN = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.M)
 # Open MPI's mpirun: "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
 MPIRUN = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 # The deepspeed launcher's launch.py names the command of the rank it spawned last, whichever rank ended, and
@@ -33,7 +33,13 @@ def srun(text, reported):
     how = found.group(3).strip()
     exited = re.match(r"Exited with exit code (\d+)", how)
     code = int(exited.group(1)) if exited else -SIGNAL_BY_TEXT.get(how, signal.SIGKILL)
-    return int(found.group(2)), found.group(1), code
+    return one_or_all(found.group(2)), found.group(1), code
+
+
+def one_or_all(tasks):
+    """srun's task list ("1", "0-1,3") as a rank, or the list of its ranks."""
+    ranks = [n for part in tasks.split(",") for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
+    return ranks[0] if len(ranks) == 1 else ranks
 
 
 def mpirun(text, reported):

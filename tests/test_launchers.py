@@ -293,3 +293,14 @@ def test_without_root_start_sh_says_why_in_one_line():
 def test_under_srun_the_node_is_sruns_name_for_it():
     assert machine.launcher_node("srun", {"SLURMD_NODENAME": "gpu07"}) == "gpu07"
     assert machine.launcher_node("mpirun", {"SLURMD_NODENAME": "gpu07"}) == socket.gethostname()
+
+
+@pytest.mark.parametrize("line, named", [
+    ("srun: error: gpu07: task 5: Killed", "rank 5 on gpu07 ended first, killed by SIGKILL"),
+    ("srun: error: gpu07: tasks 4-5,7: Segmentation fault", "one of ranks 4, 5, 7 on gpu07 ended first, killed by SIGSEGV"),
+    ("srun: error: gpu07: task 5: Exited with exit code 9", "rank 5 on gpu07 ended first, exit status 9"),
+])
+def test_sruns_words_for_a_dead_task_name_its_rank(tmp_path, line, named):
+    log = tmp_path / "stage3.log"
+    log.write_text(line + "\n")
+    assert reading.dead_rank(log, []) == named + " (the launcher's report)"
