@@ -58,7 +58,7 @@ class RankResult:
     # where it ran
     rank: int = None
     world_size: int = None
-    launcher: str = None  # "deepspeed", "torchrun", "srun", "mpirun", "one process" (machine.adopt_launcher_env)
+    launcher: str = None  # "deepspeed", "torchrun", "srun", "mpirun", "one process", "RANK set" (adopt_launcher_env)
     node: str = None  # the node it ran on, by the launcher's name for it (machine.launcher_node)
     mem_kind: str = None  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     gpus: int = None

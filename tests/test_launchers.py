@@ -271,7 +271,8 @@ def test_the_deepspeed_launchers_dead_rank_is_the_one_that_left_no_result(tmp_pa
     log = tmp_path / "stage3.log"
     log.write_text(DEEPSPEED_ONE_NODE)
     rank_1 = result.RankResult(rank=1, world_size=2, launcher="deepspeed", error="RuntimeError: Connection reset")
-    assert reading.dead_rank(log, [rank_1]) == "rank 0 on localhost ended first, killed by SIGKILL (the launcher's report)"
+    assert reading.dead_rank(log, [rank_1]) == ("rank 0 on localhost ended first, killed by SIGKILL "
+                                                "(the launcher's report)")
 
 
 def test_a_result_line_cut_short_is_passed_over(tmp_path):
@@ -297,7 +298,8 @@ def test_under_srun_the_node_is_sruns_name_for_it():
 
 @pytest.mark.parametrize("line, named", [
     ("srun: error: gpu07: task 5: Killed", "rank 5 on gpu07 ended first, killed by SIGKILL"),
-    ("srun: error: gpu07: tasks 4-5,7: Segmentation fault", "one of ranks 4, 5, 7 on gpu07 ended first, killed by SIGSEGV"),
+    ("srun: error: gpu07: tasks 4-5,7: Segmentation fault",
+     "one of ranks 4, 5, 7 on gpu07 ended first, killed by SIGSEGV"),
     ("srun: error: gpu07: task 5: Exited with exit code 9", "rank 5 on gpu07 ended first, exit status 9"),
 ])
 def test_sruns_words_for_a_dead_task_name_its_rank(tmp_path, line, named):

@@ -11,8 +11,12 @@ NODES=(localhost 127.0.0.2)
 PACKAGES=(slurm-wlm munge openmpi-bin pdsh openssh-server openssh-client)
 cannot() { echo "launchers: cannot start: $*" >&2; exit 3; }
 
+export PATH=$PATH:/usr/sbin:/sbin  # the daemons' folder, which a user's PATH may lack
 [ "$(id -u)" = 0 ] || cannot "not root (uid $(id -u)): the Slurm daemons, munged and sshd need root"
-missing() { for c in munged slurmctld slurmd srun sbatch salloc mpirun pdsh sshd ssh; do command -v "$c" > /dev/null || return 0; done; return 1; }
+missing() {
+  for c in munged slurmctld slurmd srun sbatch salloc mpirun pdsh sshd ssh; do command -v "$c" > /dev/null || return 0; done
+  return 1
+}
 if missing; then
   command -v apt-get > /dev/null || cannot "no apt-get to install ${PACKAGES[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -20,7 +24,6 @@ if missing; then
     { apt-get update -qq > /dev/null 2>&1 && apt-get install -y -qq "${PACKAGES[@]}" > /dev/null 2>&1; } ||
     cannot "apt-get could not install ${PACKAGES[*]}"
 fi
-export PATH=$PATH:/usr/sbin:/sbin
 
 # munge: Slurm's authentication between its commands and its daemons
 if ! munge -n 2> /dev/null | unmunge > /dev/null 2>&1; then
