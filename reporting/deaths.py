@@ -1,7 +1,9 @@
 """
-The rank that ended first with a failure, as its launcher tells it in the log: each launcher says it in its
-own words (tests/test_launchers.py kills a rank under each). A death is (rank, node, code), the code negative
-for a signal as in Python's subprocess; the rank is a list where the launcher names only the node.
+The ranks that ended with a failure, as their launcher tells it in the log, in the order it tells them: each
+launcher says it in its own words (tests/test_launchers.py kills a rank under each). A death is (rank, node,
+code), the code negative for a signal as in Python's subprocess; the rank is a list where the launcher names
+several, or only the node. The order is the launcher's: srun told of rank 0's exit 1, which the loss of its
+peer caused, before the SIGKILL of that peer.
 """
 import ast
 import re
@@ -22,18 +24,18 @@ DEEPSPEED_RANKS = re.compile(r"global_rank_mapping=defaultdict\(<class 'list'>, 
 
 
 def torchrun(text, reported):
+    """Its Root Cause: the first rank to fail alone."""
     found = ROOT_CAUSE.search(text)
-    return found and (int(found.group(2)), found.group(1), int(found.group(3)))
+    return [(int(found.group(2)), found.group(1), int(found.group(3)))] if found else []
 
 
 def srun(text, reported):
-    found = SRUN.search(text)
-    if not found:
-        return None
-    how = found.group(3).strip()
+    return [(one_or_all(tasks), node, srun_code(how.strip())) for node, tasks, how in SRUN.findall(text)]
+
+
+def srun_code(how):
     exited = re.match(r"Exited with exit code (\d+)", how)
-    code = int(exited.group(1)) if exited else -SIGNAL_BY_TEXT.get(how, signal.SIGKILL)
-    return one_or_all(found.group(2)), found.group(1), code
+    return int(exited.group(1)) if exited else -SIGNAL_BY_TEXT.get(how, signal.SIGKILL)
 
 
 def one_or_all(tasks):
@@ -43,26 +45,27 @@ def one_or_all(tasks):
 
 
 def mpirun(text, reported):
-    found = MPIRUN.search(text)
-    return found and (int(found.group(1)), found.group(2), -int(found.group(3)))
+    return [(int(rank), node, -int(number)) for rank, node, number in MPIRUN.findall(text)]
 
 
 def deepspeed(text, reported):
-    """The node whose launch.py saw a rank end first; of its ranks, the ones that left no result."""
-    ended, ranks = DEEPSPEED_END.search(text), DEEPSPEED_RANKS.search(text)
-    if not (ended and ranks):
-        return None
-    nodes = ast.literal_eval(ranks.group(1))
-    node = ended.group(1) if ended.group(1) in nodes else next(iter(nodes))  # one node: launch.py alone, no pdsh
-    silent = [rank for rank in nodes[node] if rank not in reported] or nodes[node]
-    return (silent[0] if len(silent) == 1 else silent), node, int(ended.group(2))
+    """For each node whose launch.py saw a rank end, that node's ranks that left no result."""
+    ranks = DEEPSPEED_RANKS.search(text)
+    if not ranks:
+        return []
+    nodes, found = ast.literal_eval(ranks.group(1)), []
+    for prefix, code in DEEPSPEED_END.findall(text):
+        node = prefix if prefix in nodes else next(iter(nodes))  # one node: launch.py alone, no pdsh
+        silent = [rank for rank in nodes[node] if rank not in reported] or nodes[node]
+        found.append((silent[0] if len(silent) == 1 else silent, node, int(code)))
+    return found
 
 
 LAUNCHERS = {"torchrun": torchrun, "srun": srun, "mpirun": mpirun, "deepspeed": deepspeed}
 
 
-def first_death(text, launcher, reported):
-    """(rank, node, code) of the first rank to fail, by the account of launcher (a RankResult's name for it),
-    or of any launcher whose words the log holds; reported is the ranks that left a result."""
+def told(text, launcher, reported):
+    """Every death (rank, node, code) by the account of launcher (a RankResult's name for it), or of the first
+    launcher whose words the log holds; reported is the ranks that left a result."""
     readers = [LAUNCHERS[launcher]] if launcher in LAUNCHERS else LAUNCHERS.values()
-    return next((death for read in readers if (death := read(text, reported))), None)
+    return next((deaths for read in readers if (deaths := read(text, reported))), [])

@@ -52,12 +52,13 @@ def read_marks(log):
 
 
 def dead_rank(log, results):
-    """The rank that the launcher saw end first with a failure, by rank and node, and how it ended
-    (reporting.deaths reads each launcher's words); None where the launcher says nothing of one, or where the
-    first to end gave one of train_gpt.py's own statuses, which its result explains."""
-    found = deaths.first_death(Path(log).read_text(errors="replace"), first(results).launcher,
-                               {r.rank for r in results})
-    if not found or found[2] in [*EXIT.values(), *(128 + n for n in SIGNALS.values())]:
+    """The first rank that the launcher saw end with a failure that no result explains (not one of train_gpt.py's
+    own statuses), by rank and node, and how it ended (reporting.deaths reads each launcher's words); None where
+    the launcher tells of none."""
+    own = [*EXIT.values(), *(128 + n for n in SIGNALS.values())]
+    told = deaths.told(Path(log).read_text(errors="replace"), first(results).launcher, {r.rank for r in results})
+    found = next((death for death in told if death[2] not in own), None)
+    if not found:
         return None
     rank, node, code = found
     if node == "localhost" and first(results).env and first(results).launcher != "deepspeed":

@@ -301,6 +301,9 @@ def test_under_srun_the_node_is_sruns_name_for_it():
     ("srun: error: gpu07: tasks 4-5,7: Segmentation fault",
      "one of ranks 4, 5, 7 on gpu07 ended first, killed by SIGSEGV"),
     ("srun: error: gpu07: task 5: Exited with exit code 9", "rank 5 on gpu07 ended first, exit status 9"),
+    # srun may tell of a peer's own exit, which the dead rank caused, first
+    ("srun: error: gpu07: task 0: Exited with exit code 1\nsrun: error: gpu07: task 5: Killed",
+     "rank 5 on gpu07 ended first, killed by SIGKILL"),
 ])
 def test_sruns_words_for_a_dead_task_name_its_rank(tmp_path, line, named):
     log = tmp_path / "stage3.log"
