@@ -11,8 +11,9 @@ import signal
 
 SIGNAL_BY_TEXT = {signal.strsignal(s): s for s in signal.Signals}  # "Killed" -> SIGKILL, as srun writes it
 
-# torchrun's account of the first rank that failed: its "Root Cause" block
+# torchrun's account of the first rank that failed, its "Root Cause" block, and of each failure in its "Failures"
 ROOT_CAUSE = re.compile(r"Root Cause.*?host\s*:\s*(\S+).*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+FAILURE = re.compile(r"^\s*host\s*:\s*(\S+)\s*\n\s*rank\s*:\s*(\d+).*\n\s*exitcode\s*:\s*(-?\d+)", re.M)
 # srun: "srun: error: vm: task 1: Killed", "...: tasks 0-1,3: Killed", or "...: task 1: Exited with exit code 3"
 SRUN = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.M)
 # Open MPI's mpirun: "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed)."
@@ -24,9 +25,14 @@ DEEPSPEED_RANKS = re.compile(r"global_rank_mapping=defaultdict\(<class 'list'>, 
 
 
 def torchrun(text, reported):
-    """Its Root Cause: the first rank to fail alone."""
+    """Its Root Cause, the first failure it observed, then the others: it observed rank 0's exit 1, which the loss
+    of its peer caused, before that peer's SIGKILL."""
     found = ROOT_CAUSE.search(text)
-    return [(int(found.group(2)), found.group(1), int(found.group(3)))] if found else []
+    if not found:
+        return []
+    first = (int(found.group(2)), found.group(1), int(found.group(3)))
+    others = [(int(rank), host, int(code)) for host, rank, code in FAILURE.findall(text)]
+    return [first, *(death for death in others if death != first)]
 
 
 def srun(text, reported):

@@ -309,3 +309,29 @@ def test_sruns_words_for_a_dead_task_name_its_rank(tmp_path, line, named):
     log = tmp_path / "stage3.log"
     log.write_text(line + "\n")
     assert reading.dead_rank(log, []) == named + " (the launcher's report)"
+
+
+# torchrun's account of a run whose rank 1 was killed: it observed rank 0's exit first (tests/test_interrupt.py)
+TORCHRUN_RANK_0_FIRST = """\
+Failures:
+[1]:
+  time      : 2026-12-01_20:12:10
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 5218)  (SIGKILL)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_20:12:10
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 5217)
+"""
+
+
+def test_torchruns_failure_that_no_result_explains_is_the_dead_rank(tmp_path):
+    log = tmp_path / "stage3.log"
+    log.write_text(TORCHRUN_RANK_0_FIRST)
+    rank_0 = result.RankResult(rank=0, world_size=2, launcher="torchrun", error="RuntimeError: Connection reset",
+                               env={"host": "vm"})
+    assert reading.dead_rank(log, [rank_0]) == "rank 1 on vm ended first, killed by SIGKILL (the launcher's report)"
