@@ -2,8 +2,10 @@
 What train_gpt.py needs from the machine and the launcher, and the workarounds for them, each with why,
 so that each can go when its cause does.
 """
+import base64
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import re
@@ -18,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import deepspeed
+import psutil
 import torch
 
 import compat
@@ -68,17 +71,20 @@ def openmpi_env(env):
 
 
 def adopt_launcher_env(env=os.environ):
-    """Under the deepspeed launcher or torchrun, RANK and the rest are set. srun and mpirun set their own
-    variables instead: without these, every process would train alone as rank 0 of 1. A launcher that sets
-    neither is refused rather than guessed."""
+    """The launcher's name, with RANK and the rest of torch.distributed's variables set in env. The deepspeed
+    launcher and torchrun set them; srun and mpirun set their own instead: without these, every process would
+    train alone as rank 0 of 1. A launcher that sets neither is refused rather than guessed."""
     if "RANK" in env:
-        return "deepspeed or torchrun"
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:  # srun, not a batch script's own shell
-        env.update(slurm_env(env))
-        return "srun"
+        # the deepspeed launcher's launch.py also sets CROSS_RANK (its node's rank); torchrun sets TORCHELASTIC_*
+        return "deepspeed" if "CROSS_RANK" in env else "torchrun" if "TORCHELASTIC_RUN_ID" in env else "RANK set"
+    # before Slurm's: inside an allocation, mpirun starts its daemons on the other nodes with srun, whose
+    # SLURM_PROCID and SLURM_STEP_ID (the daemon's) its ranks there inherit
     if "OMPI_COMM_WORLD_RANK" in env:
         env.update(openmpi_env(env))
         return "mpirun"
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:  # srun, not a batch script's own shell
+        env.update(slurm_env(env))
+        return "srun"
     if "PMI_RANK" in env or "PMIX_RANK" in env:
         raise BadInput("this MPI sets PMI_RANK, which train_gpt.py does not read: set RANK, LOCAL_RANK, WORLD_SIZE, "
                        "MASTER_ADDR and MASTER_PORT, or launch with deepspeed, torchrun, srun or OpenMPI's mpirun")
@@ -118,8 +124,26 @@ def checked_launcher_env(env=os.environ):
     return launcher
 
 
-def prepare_process():
+def launcher_node(launcher, env=os.environ):
+    """The node this rank runs on, by its launcher's name for it: srun's, or the deepspeed launcher's hostfile's
+    (where two names reach one host, the host's own name would not tell the nodes apart); else the host's name."""
+    if launcher == "srun" and env.get("SLURMD_NODENAME"):
+        return env["SLURMD_NODENAME"]
+    if launcher == "deepspeed":
+        # its launch.py, this rank's parent, holds the hostfile's nodes in its --world_info, in node-rank order
+        try:
+            [world_info] = [a[len("--world_info="):] for a in psutil.Process().parent().cmdline()
+                            if a.startswith("--world_info=")]
+            return list(json.loads(base64.urlsafe_b64decode(world_info)))[int(env.get("CROSS_RANK", 0))]
+        except (psutil.Error, ValueError, IndexError, AttributeError):  # not launch.py's child after all
+            pass
+    return socket.gethostname()
+
+
+def prepare_process(launcher):
     """What a training process needs before DeepSpeed starts its work, each with its reason."""
+    if launcher == "mpirun":
+        one_output_stream()
     normalise_cuda_arch_list()
     fall_back_caches()
     keep_extensions_apart()
@@ -156,6 +180,14 @@ def leave(world, status):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def one_output_stream():
+    """Open MPI's mpirun (4.1) forwards a rank's stdout and stderr apart and writes them out in chunks, not
+    lines: a traceback on stderr split rank 0's RESULT line in two, which no report could read. Its stderr goes
+    into its stdout, one stream, in order."""
+    sys.stderr.flush()
+    os.dup2(sys.stdout.fileno(), sys.stderr.fileno())
 
 
 def normalise_cuda_arch_list():

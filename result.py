@@ -58,7 +58,8 @@ class RankResult:
     # where it ran
     rank: int = None
     world_size: int = None
-    launcher: str = None
+    launcher: str = None  # "deepspeed", "torchrun", "srun", "mpirun", "one process", "RANK set" (adopt_launcher_env)
+    node: str = None  # the node it ran on, by the launcher's name for it (machine.launcher_node)
     mem_kind: str = None  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
     gpus: int = None
     ranks_per_node: int = None
@@ -108,9 +109,8 @@ class RankResult:
     peak_reserved_bytes: int = None
     device_total_bytes: int = None
     host_peak_rss_bytes: int = None
-    # training
-    # per step: step, loss, lr, applied (False where fp16's loss scaler found an overflow and skipped the update;
-    # absent, True, in older logs), loss_scale (fp16's, after the step), time_s, the memory snapshot, comm
+    # training, per step: step, loss, lr, applied (False where fp16's loss scaler found an overflow and skipped
+    # the update; absent, True, in older logs), loss_scale (fp16's, after the step), time_s, the memory snapshot, comm
     steps: list = field(default_factory=list)
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known

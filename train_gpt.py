@@ -372,14 +372,14 @@ def main(argv=None):
         print(how)
         print(prediction_line(run, config, args.check or int(os.environ["WORLD_SIZE"])))
         return
-    machine.prepare_process()
+    machine.prepare_process(launcher)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     log(rank, how)
     run, config, lines = compat.degrade(run, config, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     for line in lines:
         log(rank, line)
     r = result.RankResult(**asdict(run), rank=rank, world_size=world, launcher=launcher,
-                          mem_kind="cuda" if torch.cuda.is_available() else "cpu_rss",
+                          node=machine.launcher_node(launcher), mem_kind="cuda" if torch.cuda.is_available() else "cpu_rss",
                           timing={"started": psutil.Process().create_time(), "imported": IMPORTED})
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, Stop.on_signal)

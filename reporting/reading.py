@@ -10,6 +10,7 @@ from pathlib import Path
 
 from formatting import EXIT, SIGNALS, gib
 from options import BadInput
+from reporting import deaths
 from result import RankResult
 from stages import DENSE, ZERO3, is_own_config
 
@@ -51,22 +52,21 @@ def read_marks(log):
     return marks
 
 
-# torchrun's account of the first rank that failed: its "Root Cause" block
-ROOT_CAUSE = re.compile(r"Root Cause.*?host\s*:\s*(\S+).*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-
-
 def dead_rank(log, results):
-    """The rank that the launcher saw end first with a failure, by rank and host, and how it ended; None where
-    the launcher says nothing of one (the deepspeed launcher does not say which rank), or where the first to
-    end gave one of train_gpt.py's own statuses, which its result explains."""
-    found = ROOT_CAUSE.search(Path(log).read_text(errors="replace"))
-    if not found or int(found.group(3)) in [*EXIT.values(), *(128 + n for n in SIGNALS.values())]:
+    """The first rank that the launcher saw end with a failure that no result explains (not one of train_gpt.py's
+    own statuses), by rank and node, and how it ended (reporting.deaths reads each launcher's words); None where
+    the launcher tells of none."""
+    own = [*EXIT.values(), *(128 + n for n in SIGNALS.values())]
+    told = deaths.told(Path(log).read_text(errors="replace"), first(results).launcher, {r.rank for r in results})
+    found = next((death for death in told if death[2] not in own), None)
+    if not found:
         return None
-    host, rank, code = found.group(1), int(found.group(2)), int(found.group(3))
-    if host == "localhost" and first(results).env:  # torchrun names a single node so
-        host = first(results).env["host"]
+    rank, node, code = found
+    if node == "localhost" and first(results).env and first(results).launcher != "deepspeed":
+        node = first(results).env["host"]  # torchrun names a single node so
+    ranks = f"rank {rank}" if isinstance(rank, int) else "one of ranks " + ", ".join(map(str, rank))
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-    return f"rank {rank} on {host} ended first, {how} (the launcher's report)"
+    return f"{ranks} on {node} ended first, {how} (the launcher's report)"
 
 
 def natural(name):

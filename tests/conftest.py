@@ -257,53 +257,6 @@ def memory_cap(tmp_path_factory):
     return run_sh_once(tmp_path_factory, "cap", "--model", "small", "--max-mem-gib", "1.75", "--stages", "0 3")
 
 
-@pytest.fixture(scope="session")
-def launch_two_ranks(tmp_path_factory):
-    """launch(name, env_of_rank): `python3 train_gpt.py --stage 3 --steps 1` once per rank, as a cluster
-    launcher would start them on one host, each in the environment env_of_rank(rank, port) adds to this one
-    (less the variables that any launcher sets). Returns the exit statuses, rank 0's log and its records."""
-    def launch(name, env_of_rank):
-        folder = tmp_path_factory.mktemp(name)
-        launchers = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-        base = {k: v for k, v in os.environ.items()
-                if k not in launchers and not k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_"))}
-        port = free_port()
-        procs = []
-        try:
-            for rank in (0, 1):
-                with open(folder / f"rank{rank}.log", "w") as log:
-                    procs.append(subprocess.Popen(
-                        [sys.executable, "train_gpt.py", "--stage", "3", "--steps", "1"], cwd=ROOT,
-                        env={**base, **env_of_rank(rank, port)}, stdout=log, stderr=subprocess.STDOUT))
-            statuses = [proc.wait(timeout=600) for proc in procs]
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        log = folder / "rank0.log"
-        return SimpleNamespace(statuses=statuses, log=log, records=json_results(log),
-                               output=log.read_text() + (folder / "rank1.log").read_text())
-    return launch
-
-
-@pytest.fixture(scope="session")
-def srun_2_ranks(launch_two_ranks):
-    """Two tasks of `srun --ntasks 2` on one node, as srun sets their variables (no srun is installed)."""
-    return launch_two_ranks("srun", lambda rank, port: {
-        "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0",
-        "SLURM_JOB_NODELIST": "localhost", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_ID": "1",
-        "MASTER_PORT": str(port)})
-
-
-@pytest.fixture(scope="session")
-def mpirun_2_ranks(launch_two_ranks):
-    """Two ranks of OpenMPI's `mpirun -np 2` on one host, as it sets their variables (no mpirun is installed)."""
-    return launch_two_ranks("mpirun", lambda rank, port: {
-        "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": "2",
-        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_PORT": str(port)})
-
-
 HUNG_TIMEOUT_S = 15  # train_gpt.py --timeout-s of the hung run
 
 

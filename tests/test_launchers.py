@@ -1,16 +1,26 @@
-"""Cluster launchers: srun and OpenMPI's mpirun set their own variables, not torch.distributed's, and
-train_gpt.py must read them, or every process would train alone as rank 0 of 1. Neither is installed here:
-their environments are emulated on one host with 2 ranks. And a rank that hangs must end the run, with the
-hung rank named, within a stated time."""
+"""Cluster launchers, run for real on this one machine (tests/launchers/start.sh starts their engines): Slurm's
+srun, salloc and sbatch, Open MPI's mpirun, the deepspeed launcher over pdsh and ssh to two node names, and
+torchrun with two rendezvous agents. srun and mpirun set their own variables, not torch.distributed's, and
+train_gpt.py must read them, or every process would train alone as rank 0 of 1. A rank killed under each is
+named in the report; a rank that hangs must end the run, with the hung rank named, within a stated time."""
+import functools
+import os
+import pwd
+import socket
+import subprocess
+
 import pytest
 import torch
 
 import machine
 import options
+import result
 import train_gpt
 from conftest import HUNG_TIMEOUT_S
+from launchers import real
+from reporting import reading
 
-LAUNCHERS = {"srun": "srun_2_ranks", "mpirun": "mpirun_2_ranks"}
+LAUNCHERS = ("srun", "mpirun", "deepspeed", "torchrun")
 
 
 def tiny_tensors():
@@ -18,50 +28,110 @@ def tiny_tensors():
         return len(list(train_gpt.GPT(train_gpt.PRESETS["tiny"]).parameters()))
 
 
+@pytest.fixture(scope="session")
+def engines():
+    """tests/launchers/start.sh: every engine up on this machine, or every real launch skipped, with why."""
+    why = real.start_engines()
+    if why:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def stage3_under(engines, tmp_path_factory):
+    """launcher -> its stage-3 launch on 2 ranks, launched when a test first asks for it."""
+    return functools.cache(lambda launcher: real.stage3(tmp_path_factory.mktemp(f"stage3-{launcher}"), launcher))
+
+
+@pytest.fixture(scope="session")
+def rank_1_killed_under(engines, tmp_path_factory):
+    """launcher -> its stage-3 launch on 2 ranks whose rank 1 was killed after step 1, with the report."""
+    return functools.cache(lambda launcher: real.killed(tmp_path_factory.mktemp(f"killed-{launcher}"), launcher))
+
+
+@pytest.fixture(scope="session")
+def sbatch_both_stages(engines, tmp_path_factory):
+    return real.sbatch(tmp_path_factory.mktemp("sbatch"))
+
+
+@pytest.fixture(scope="session")
+def run_sh_over_two_nodes(engines, tmp_path_factory):
+    return real.run_sh_over_hostfile(tmp_path_factory.mktemp("hostfile"))
+
+
 @pytest.fixture(params=LAUNCHERS)
-def launched(request):
-    """(launcher's name, its 2-rank run)"""
-    return request.param, request.getfixturevalue(LAUNCHERS[request.param])
+def launched(request, stage3_under):
+    if request.param == "deepspeed":  # run.sh over the hostfile's two nodes launches its stage 3
+        return real.stage3_of(request.getfixturevalue("run_sh_over_two_nodes"))
+    return stage3_under(request.param)
 
 
 # -----------------------------------------------------------------------------
-# 2 ranks under each launcher, emulated
+# 2 ranks of stage 3 under each launcher, for real
 
 
 def test_both_ranks_finish_and_rank_0_reports_both(launched):
-    name, run = launched
-    assert run.statuses == [0, 0], run.output[-3000:]
-    assert [r["rank"] for r in run.records] == [0, 1], run.output[-3000:]
-    assert all(r["error"] is None for r in run.records)
+    tail = launched.log.read_text(errors="replace")[-3000:]
+    assert set(launched.statuses) == {0}, tail
+    assert [r["rank"] for r in launched.records] == [0, 1], tail
+    assert all(r["error"] is None for r in launched.records), tail
 
 
 def test_both_ranks_join_one_world_of_2(launched):
-    name, run = launched
-    assert [r["world_size"] for r in run.records] == [2, 2]
-    assert [r["ranks_per_node"] for r in run.records] == [2, 2]
+    assert [r["world_size"] for r in launched.records] == [2, 2]
+    # the deepspeed launcher and torchrun run one rank on each of their two nodes
+    per_node = 1 if launched.launcher in ("deepspeed", "torchrun") else 2
+    assert [r["ranks_per_node"] for r in launched.records] == [per_node, per_node]
 
 
 def test_the_record_names_the_launcher(launched):
-    name, run = launched
-    assert [r["launcher"] for r in run.records] == [name, name]
+    assert [r["launcher"] for r in launched.records] == [launched.launcher] * 2
+
+
+def test_the_record_names_the_node_of_each_rank(launched):
+    hosts = [r["env"]["host"] for r in launched.records]
+    nodes = list(real.NODES) if launched.launcher == "deepspeed" else hosts  # the hostfile's names
+    assert [r["node"] for r in launched.records] == nodes
 
 
 def test_stage3_partitions_every_tensor_under_each_launcher(launched):
-    name, run = launched
-    for r in run.records:
+    for r in launched.records:
         assert r["stage"] == 3
         assert r["partitioned_tensors"] == r["param_tensors"] == tiny_tensors()
         assert r["shard_check_ok"]
 
 
-def test_model_states_are_counted_after_one_step(launched):
-    name, run = launched
-    for r in run.records:
-        assert len(r["steps"]) == 1
+def test_model_states_are_counted_after_the_last_step(launched):
+    for r in launched.records:
         assert r["partition_check_ok"]
         parts = r["model_state_breakdown"]
         assert parts["master"] > 0 and parts["moments"] > 0
         assert r["model_state_bytes"] == pytest.approx(r["predicted_model_state_bytes"], rel=0.05)
+
+
+def test_sbatch_runs_both_stages_and_the_report_passes(sbatch_both_stages):
+    assert sbatch_both_stages.statuses == [0], sbatch_both_stages.output[-3000:]
+    assert real.verdict(sbatch_both_stages.output) == "PASS", sbatch_both_stages.output[-3000:]
+    assert {name: [r["launcher"] for r in rs] for name, rs in sbatch_both_stages.runs.items()} == {
+        "stage0": ["srun", "srun"], "stage3": ["srun", "srun"]}
+
+
+def test_run_sh_over_a_hostfile_of_two_nodes_passes_through_pdsh_and_ssh(run_sh_over_two_nodes):
+    run = run_sh_over_two_nodes
+    assert run.statuses == [0], run.output[-3000:]
+    assert real.verdict(run.output) == "PASS", run.output[-3000:]
+    assert "pdsh -S" in (run.folder / "stage3.log").read_text()  # the deepspeed launcher's multi-node path
+    for name in ("stage0", "stage3"):
+        assert [(r["launcher"], r["node"]) for r in run.runs[name]] == [("deepspeed", n) for n in real.NODES]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_killed_rank_is_named_in_the_report(launcher, rank_1_killed_under):
+    run = rank_1_killed_under(launcher)
+    tail = run.log.read_text(errors="replace")[-3000:] + run.report[-2000:]
+    assert all(s not in (0, None) for s in run.statuses), tail
+    node = "127.0.0.2" if launcher == "deepspeed" else socket.gethostname()
+    assert f"stage3: rank 1 on {node} ended first, killed by SIGKILL" in run.report, tail
+    assert run.report_status == 1 and "VERDICT: FAIL" in run.report, tail
 
 
 # -----------------------------------------------------------------------------
@@ -144,13 +214,23 @@ def test_an_mpi_that_sets_only_pmi_rank_is_refused(variable):
         machine.adopt_launcher_env({variable: "0"})
 
 
-def test_rank_already_set_is_left_alone():
+@pytest.mark.parametrize("own, launcher", [({"CROSS_RANK": "0"}, "deepspeed"),
+                                            ({"TORCHELASTIC_RUN_ID": "zero3"}, "torchrun"), ({}, "RANK set")])
+def test_rank_already_set_is_left_alone_and_its_launcher_named(own, launcher):
     # deepspeed and torchrun set RANK and the rest; a launcher's own variables beside them are not read
     env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "31000",
-           **srun_task(3, 1)}
+           **own, **srun_task(3, 1)}
     before = dict(env)
-    assert machine.adopt_launcher_env(env) == "deepspeed or torchrun"
+    assert machine.adopt_launcher_env(env) == launcher
     assert env == before
+
+
+def test_mpirun_inside_a_slurm_allocation_reads_mpiruns_ranks():
+    # on the allocation's other nodes, mpirun's daemon is a task of srun: its ranks inherit the daemon's step
+    env = {**srun_task(0, 0), "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "gpu03"}
+    assert machine.adopt_launcher_env(env) == "mpirun"
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("3", "1", "4")
 
 
 # -----------------------------------------------------------------------------
@@ -172,3 +252,86 @@ def test_the_error_says_how_long_the_collective_waited_and_names_the_hung_rank(h
     assert f"a collective waited {HUNG_TIMEOUT_S} s" in error, error
     # torch.distributed.monitored_barrier's message names the ranks that failed to pass it
     assert "Ranks 1 failed to pass" in error, error
+
+
+# -----------------------------------------------------------------------------
+# the report's account of a rank that died, without a launch
+
+# the deepspeed launcher's launch.py on one node of two ranks, whose rank 0 was killed: it logs the command
+# of the rank it spawned last (--local_rank=1), whichever rank ended
+DEEPSPEED_ONE_NODE = """\
+[2026-12-01 19:13:32,213] [INFO] [launch.py:169:main] global_rank_mapping=defaultdict(<class 'list'>, {'localhost': [0, 1]})
+[2026-12-01 19:13:39,220] [INFO] [launch.py:253:main] Killing subprocess 16929
+[2026-12-01 19:13:39,220] [INFO] [launch.py:253:main] Killing subprocess 16930
+[2026-12-01 19:13:39,221] [ERROR] [launch.py:259:main] ['python3', '-u', 'train_gpt.py', '--local_rank=1'] exits with return code = -9
+"""
+
+
+def test_the_deepspeed_launchers_dead_rank_is_the_one_that_left_no_result(tmp_path):
+    log = tmp_path / "stage3.log"
+    log.write_text(DEEPSPEED_ONE_NODE)
+    rank_1 = result.RankResult(rank=1, world_size=2, launcher="deepspeed", error="RuntimeError: Connection reset")
+    assert reading.dead_rank(log, [rank_1]) == ("rank 0 on localhost ended first, killed by SIGKILL "
+                                                "(the launcher's report)")
+
+
+def test_a_result_line_cut_short_is_passed_over(tmp_path):
+    whole = result.result_line(result.RankResult(rank=0, world_size=2, stage=3))
+    log = tmp_path / "stage3.log"
+    log.write_text(whole + "\n" + whole[:len(whole) // 2] + "\n")
+    assert [r.rank for r in reading.read_results(log)] == [0]
+
+
+def test_without_root_start_sh_says_why_in_one_line():
+    user = pwd.getpwnam("nobody") if os.getuid() == 0 else pwd.getpwuid(os.getuid())
+    as_user = ["runuser", "-u", user.pw_name, "--"] if os.getuid() == 0 else []
+    proc = subprocess.run([*as_user, "bash", str(real.START)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stderr.splitlines() == [f"launchers: cannot start: not root (uid {user.pw_uid}): the Slurm daemons, "
+                                        "munged and sshd need root"]
+
+
+def test_under_srun_the_node_is_sruns_name_for_it():
+    assert machine.launcher_node("srun", {"SLURMD_NODENAME": "gpu07"}) == "gpu07"
+    assert machine.launcher_node("mpirun", {"SLURMD_NODENAME": "gpu07"}) == socket.gethostname()
+
+
+@pytest.mark.parametrize("line, named", [
+    ("srun: error: gpu07: task 5: Killed", "rank 5 on gpu07 ended first, killed by SIGKILL"),
+    ("srun: error: gpu07: tasks 4-5,7: Segmentation fault",
+     "one of ranks 4, 5, 7 on gpu07 ended first, killed by SIGSEGV"),
+    ("srun: error: gpu07: task 5: Exited with exit code 9", "rank 5 on gpu07 ended first, exit status 9"),
+    # srun may tell of a peer's own exit, which the dead rank caused, first
+    ("srun: error: gpu07: task 0: Exited with exit code 1\nsrun: error: gpu07: task 5: Killed",
+     "rank 5 on gpu07 ended first, killed by SIGKILL"),
+])
+def test_sruns_words_for_a_dead_task_name_its_rank(tmp_path, line, named):
+    log = tmp_path / "stage3.log"
+    log.write_text(line + "\n")
+    assert reading.dead_rank(log, []) == named + " (the launcher's report)"
+
+
+# torchrun's account of a run whose rank 1 was killed: it observed rank 0's exit first (tests/test_interrupt.py)
+TORCHRUN_RANK_0_FIRST = """\
+Failures:
+[1]:
+  time      : 2026-12-01_20:12:10
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 5218)  (SIGKILL)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_20:12:10
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 5217)
+"""
+
+
+def test_torchruns_failure_that_no_result_explains_is_the_dead_rank(tmp_path):
+    log = tmp_path / "stage3.log"
+    log.write_text(TORCHRUN_RANK_0_FIRST)
+    rank_0 = result.RankResult(rank=0, world_size=2, launcher="torchrun", error="RuntimeError: Connection reset",
+                               env={"host": "vm"})
+    assert reading.dead_rank(log, [rank_0]) == "rank 1 on vm ended first, killed by SIGKILL (the launcher's report)"
