@@ -59,7 +59,8 @@ def test_a_log_that_cannot_be_written_stops_the_run_with_one_line(tmpfs):
 def test_run_sh_checks_its_inputs_whatever_rank_its_caller_is():
     proc = run(["bash", "run.sh", "--lr", "nan"], env=INHERITED)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == ["train_gpt.py: error: argument --lr: must be a positive number, not nan"]
+    [line] = proc.stderr.splitlines()
+    assert line.startswith("train_gpt.py: error: argument --lr: ") and line.endswith(", not nan"), line
 
 
 def test_one_rank_under_an_inherited_launcher_environment_trains_alone(pipe_and_caller):
