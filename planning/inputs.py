@@ -24,8 +24,8 @@ def between(kind, low, high, why, low_allowed=True):
     def parse(text):
         value = kind(text)
         if not (math.isfinite(value) and (low <= value if low_allowed else low < value) and value <= high):
-            least = f"from {number(low)}" if low_allowed else f"above {number(low)}"
-            raise argparse.ArgumentTypeError(f"must be {least} to {number(high)} ({why}), not {text}")
+            span = f"from {number(low)} to" if low_allowed else f"above {number(low)} and at most"
+            raise argparse.ArgumentTypeError(f"must be {span} {number(high)} ({why}), not {text}")
         return value
     parse.__name__ = kind.__name__
     return parse
