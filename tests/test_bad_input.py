@@ -535,6 +535,9 @@ RUN_SH_CASES = {
     "--stage": (["--stage", "3"], {}, "run.sh", "--stage is run.sh's to set"),
     "--check": (["--check"], {}, "run.sh", "run.sh checks every input before it launches; --check is not needed"),
     "--ranks with no value": (["--ranks"], {}, "run.sh", "--ranks needs a value"),
+    "--ranks empty": (["--ranks", " "], {}, "run.sh", "--ranks is empty"),
+    "a stage twice": (["--stages", "3 3"], {}, "run.sh", "stage3 would run twice"),
+    "a number of ranks twice": (["--ranks", "2 2"], {}, "run.sh", "stage0_2ranks stage3_2ranks would run twice"),
     "more ranks than any cluster": (["--ranks", "99999999999999999999"], {}, "run.sh",
                                     f"--ranks takes at most {options.MAX_RANKS:,} ranks a run"),
 }
