@@ -13,6 +13,7 @@ import pytest
 
 import config_checks
 import options
+import report
 import train_gpt
 from accounting.shapes import PRESETS
 from conftest import ROOT, assert_refused
@@ -556,3 +557,10 @@ def test_run_sh_refuses_bad_input_before_launching_anything(case, tmp_path, comm
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"{prog}: error: ") and message.format(hostfile=comments_only_hostfile) in line, line
     assert not results.exists() or not any(results.iterdir())
+
+
+def test_report_without_a_folder_says_what_to_give(capsys):
+    assert report.main([]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "report.py: error: give a results folder (results/<timestamp>), or --compare A B"]
+
