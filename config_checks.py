@@ -184,6 +184,10 @@ def refuse_mistyped(config, path, value, where):
     """A number in quotes anywhere, and a value of another kind than the one its reader takes."""
     if quoted_number(value):
         raise BadInput(f'config{where}: {path} is the string "{value}": write the number {value}, without quotes')
+    # DeepSpeed clips nothing at NaN or below 0, where FSDP2's peer (clip_grad_norm_) would turn the gradients
+    # round or into NaN; Python's json reads NaN and Infinity
+    if path == "gradient_clipping" and type(value) in (int, float) and not 0 <= value < math.inf:
+        raise BadInput(f"config{where}: gradient_clipping is {json.dumps(value)}: write {WRITE_INSTEAD[path]}")
     kind, name = expected_kind(config, path)
     if kind and (not isinstance(value, kind) or kind != bool and isinstance(value, bool)
                  or kind == list and not all(isinstance(x, (int, float)) for x in value)):

@@ -95,6 +95,9 @@ def plan(ranks, stage_names, peer, argv):
     names = [*stage_names.split(), *([peer] if peer else [])]
     runs = [(n, ("" if name == peer else "stage") + name + ("" if len(counts) == 1 else f"_{n}ranks"),
              [*config_args(name), *argv]) for n in counts for name in names]
+    doubled = sorted({name for _, name, _ in runs if [r[1] for r in runs].count(name) > 1})
+    if doubled:  # each run's log is its name's: a second would write into the first's
+        bad(f"{' '.join(doubled)} would run twice; name each stage and number of ranks once")
     for n, name, run_argv in runs:
         notes.append(f"{name}: {train_gpt.prediction_line(*checked(run_argv, n), n)}")
     return runs, notes

@@ -337,6 +337,8 @@ def settle(args):
             args.sources[key] = f"assumed: {why}"
     if args.plot and not args.plot.parent.is_dir():
         raise BadInput(f"--plot {args.plot}: no folder {args.plot.parent}")
+    if args.plot and args.plot.is_dir():  # matplotlib would write <folder>.png beside it
+        raise BadInput(f"--plot {args.plot} is a folder: name the PNG file, such as {args.plot / 'plan.png'}")
     args.gpus = sorted(set(args.gpus))
     args.stages = list(dict.fromkeys(args.stages))
 

@@ -71,8 +71,11 @@ def command(args):
         name = signal.Signals(int(os.environ["RUN_SIGNAL"])).name
         print(f"VERDICT: INTERRUPTED by {name}: no run started\nresults: {args.folder}")
         return 128 + int(os.environ["RUN_SIGNAL"])
+    if not (args.compare or args.folder):
+        print("report.py: error: give a results folder (results/<timestamp>), or --compare A B", file=sys.stderr)
+        return EXIT["bad input"]
     for folder in args.compare or [args.folder]:
-        if folder is None or not folder.is_dir() or not any(folder.glob("*.log")):
+        if not folder.is_dir() or not any(folder.glob("*.log")):
             print(f"report.py: error: {folder} is not a results folder with logs", file=sys.stderr)
             return EXIT["bad input"]
     if args.compare:

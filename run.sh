@@ -37,8 +37,8 @@ while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
     --ranks | --stages | --peer) [ $# -ge 2 ] || bad "$1 needs a value" ;;&
-    --ranks) ranks=$2; shift 2 ;;
-    --ranks=*) ranks=${1#*=}; shift ;;
+    --ranks) ranks=$2 asked_ranks=1; shift 2 ;;
+    --ranks=*) ranks=${1#*=} asked_ranks=1; shift ;;
     --stages) stages=$2; shift 2 ;;
     --stages=*) stages=${1#*=}; shift ;;
     --peer) peer=$2 asked_peer=1; shift 2 ;;
@@ -51,6 +51,7 @@ while [ $# -gt 0 ]; do
 done
 for n in $ranks; do [[ $n =~ ^[1-9][0-9]*$ ]] || bad "--ranks takes positive whole numbers, not '$n'"; done
 [ -n "${stages// }" ] || bad "--stages is empty"
+[ -z "${asked_ranks:-}" ] || [ -n "${ranks// }" ] || bad "--ranks is empty"
 [ -z "${asked_peer:-}" ] || [ "$peer" = fsdp2 ] || bad "--peer takes fsdp2, not '$peer'"
 mkdir -p -- "$results" 2> /dev/null && [ -w "$results" ] || bad "RESULTS $results is not a folder that can be written"
 if [ -n "${HOSTFILE:-}" ]; then

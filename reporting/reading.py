@@ -2,6 +2,7 @@
 The ranks' results from a results folder's logs, as result.RankResult, and what each run says: whether it
 finished, how, and which runs the criteria set side by side. A run is the list of its ranks' results.
 """
+import dataclasses
 import json
 import re
 import signal
@@ -17,33 +18,57 @@ from stages import DENSE, ZERO3, is_own_config
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
 
 
+# Kinds a field takes beyond its own: logs from before the link's curve hold its one figure
+OLDER_KINDS = {"link_busbw": (dict, int, float)}
+
+
+def mistyped(d):
+    """Whether a RESULT record holds a value of another kind than its field's (a number in quotes, steps that are
+    not a list of records), which every reader after this one would trip on."""
+    for f in dataclasses.fields(RankResult):
+        value, kind = d.get(f.name), OLDER_KINDS.get(f.name, (int, float) if f.type is float else f.type)
+        if value is not None and isinstance(f.type, type) and (
+                not isinstance(value, kind) or isinstance(value, bool) and f.type is not bool):
+            return True
+    return not all(isinstance(s, dict) for s in d.get("steps") or [])
+
+
 def parsed(line):
-    """The result of one RESULT line, or None where the line is cut off or garbled: its rank is then unaccounted."""
+    """The result of one RESULT line, or None where the line is cut off, garbled or mistyped: its rank is then
+    unaccounted."""
     try:
         d = json.loads(line.partition("RESULT ")[2])  # the launcher may put a host name before the line
-        r = RankResult.from_dict(d) if isinstance(d, dict) else None
+        r = RankResult.from_dict(d) if isinstance(d, dict) and not mistyped(d) else None
     except (ValueError, TypeError):
         return None
     return r if r is not None and isinstance(r.rank, int) and isinstance(r.world_size, int) else None
 
 
+def log_text(log):
+    """A log's text; "" where it cannot be read (a folder in its place, no permission): its run has no result."""
+    try:
+        return Path(log).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def read_results(log):
     """The results of one log, one per rank that wrote a complete RESULT line, by rank."""
-    lines = Path(log).read_text(errors="replace").splitlines()
+    lines = log_text(log).splitlines()
     found = [r for r in (parsed(line) for line in lines if "RESULT {" in line) if r is not None]
     return sorted(found, key=lambda r: r.rank)
 
 
 def read_command(log):
     """The launch command that run.sh writes as a log's first line."""
-    first_line = Path(log).read_text(errors="replace").partition("\n")[0]
+    first_line = log_text(log).partition("\n")[0]
     return first_line.partition("COMMAND ")[2] or None
 
 
 def read_marks(log):
     """run.sh's marks in a log: when it launched the run and when the launcher ended, with its exit status."""
     marks = {}
-    for line in Path(log).read_text(errors="replace").splitlines():
+    for line in log_text(log).splitlines():
         word, _, rest = line.partition(" ")
         if word in ("LAUNCHED", "ENDED") and rest:
             marks[word.lower()] = float(rest.split()[0])
@@ -57,7 +82,7 @@ def dead_rank(log, results):
     own statuses), by rank and node, and how it ended (reporting.deaths reads each launcher's words); None where
     the launcher tells of none."""
     own = [*EXIT.values(), *(128 + n for n in SIGNALS.values())]
-    told = deaths.told(Path(log).read_text(errors="replace"), first(results).launcher, {r.rank for r in results})
+    told = deaths.told(log_text(log), first(results).launcher, {r.rank for r in results})
     found = next((death for death in told if death[2] not in own), None)
     if not found:
         return None
@@ -126,7 +151,10 @@ def unaccounted(results):
     a rank that fails before they report."""
     if failed(results):
         return []
-    return sorted(set(range(most(r.world_size for r in results))) - {r.rank for r in results})
+    world, ranks = most(r.world_size for r in results), [r.rank for r in results]
+    # a rank twice, beyond the world or of another world: two runs' lines in one log, or a forged one
+    stray = {r.rank for r in results if ranks.count(r.rank) > 1 or not 0 <= r.rank < world or r.world_size != world}
+    return sorted(set(range(world)) - set(ranks) | stray)
 
 
 def offloads(results):
@@ -237,7 +265,7 @@ CAUSES = [re.compile(pattern) for pattern in (
 def cause(log):
     """The first line of a log that says why its run did not finish, by the most telling kind that any line
     says (CAUSES), trimmed to one screen line's worth; None where no line says."""
-    lines = [line.strip() for line in Path(log).read_text(errors="replace").splitlines()
+    lines = [line.strip() for line in log_text(log).splitlines()
              if "RESULT {" not in line and not line.startswith("COMMAND ")]
     for pattern in CAUSES:
         found = next((line for line in lines if pattern.search(line)), None)

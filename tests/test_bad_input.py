@@ -13,6 +13,7 @@ import pytest
 
 import config_checks
 import options
+import report
 import train_gpt
 from accounting.shapes import PRESETS
 from conftest import ROOT, assert_refused
@@ -182,6 +183,10 @@ CONFIG_CASES = {
                                  "not 2.5"),
     "a micro batch of NaN": ('{"train_micro_batch_size_per_gpu": NaN}', [],
                              "config {config}: train_micro_batch_size_per_gpu must be finite, not nan"),
+    "a clipping of NaN": ('{"gradient_clipping": NaN}', [],
+                          "config {config}: gradient_clipping is NaN: write the largest gradient norm"),
+    "a negative clipping": ({"gradient_clipping": -1}, [],
+                            "config {config}: gradient_clipping is -1: write the largest gradient norm"),
     "gradient accumulation": ({"gradient_accumulation_steps": 4}, [],
                               ("config {config}: the benchmark times one micro batch per step",
                                "set gradient_accumulation_steps to 1, not 4")),
@@ -531,6 +536,9 @@ RUN_SH_CASES = {
     "--stage": (["--stage", "3"], {}, "run.sh", "--stage is run.sh's to set"),
     "--check": (["--check"], {}, "run.sh", "run.sh checks every input before it launches; --check is not needed"),
     "--ranks with no value": (["--ranks"], {}, "run.sh", "--ranks needs a value"),
+    "--ranks empty": (["--ranks", " "], {}, "run.sh", "--ranks is empty"),
+    "a stage twice": (["--stages", "3 3"], {}, "run.sh", "stage3 would run twice"),
+    "a number of ranks twice": (["--ranks", "2 2"], {}, "run.sh", "stage0_2ranks stage3_2ranks would run twice"),
     "more ranks than any cluster": (["--ranks", "99999999999999999999"], {}, "run.sh",
                                     f"--ranks takes at most {options.MAX_RANKS:,} ranks a run"),
 }
@@ -549,3 +557,10 @@ def test_run_sh_refuses_bad_input_before_launching_anything(case, tmp_path, comm
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"{prog}: error: ") and message.format(hostfile=comments_only_hostfile) in line, line
     assert not results.exists() or not any(results.iterdir())
+
+
+def test_report_without_a_folder_says_what_to_give(capsys):
+    assert report.main([]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "report.py: error: give a results folder (results/<timestamp>), or --compare A B"]
+

@@ -57,6 +57,33 @@ def test_a_rank_without_a_complete_result_keeps_the_verdict_from_passing_and_is_
     assert f"rank(s) {lost} wrote no complete RESULT" in out.split("status")[1].splitlines()[0]
 
 
+def one_record(lines, rank, edit):
+    """lines with rank's RESULT record rewritten by edit(record)."""
+    i = result_index(lines, rank)
+    return [*lines[:i], "RESULT " + json.dumps(edit(json.loads(lines[i][len("RESULT "):]))), *lines[i + 1:]]
+
+
+@pytest.mark.parametrize("edit, lost", [
+    (lambda lines: one_record(lines, 1, lambda d: {**d, "peak_mem_bytes": "1"}), "1"),  # a number in quotes
+    (lambda lines: one_record(lines, 1, lambda d: {**d, "steps": "x"}), "1"),  # steps not a list
+    (lambda lines: one_record(lines, 1, lambda d: {**d, "steps": [1, 2, 3]}), "1"),  # steps not records
+    (lambda lines: one_record(lines, 1, lambda d: {**d, "rank": 0}), "0 1"),  # rank 0 twice
+    (lambda lines: [*lines, *one_record(lines, 1, lambda d: {**d, "rank": 2})[result_index(lines, 1):][:1]], "2"),
+], ids=["a number in quotes", "steps not a list", "steps not records", "a rank twice", "a rank beyond the world"])
+def test_a_mistyped_doubled_or_stray_result_keeps_the_verdict_from_passing(edit, lost, run_sh, tmp_path, capsys):
+    status, out = reported(edited_log(run_sh.folder, tmp_path, "stage3", edit), capsys)
+    assert status == report.EXIT["NOT OBSERVABLE"] and "VERDICT: NOT OBSERVABLE" in out
+    assert f"stage3 rank(s) {lost} wrote no complete RESULT line" in out.split("(d)")[1].splitlines()[0]
+
+
+def test_a_log_that_is_a_folder_is_a_run_without_a_result(run_sh, tmp_path, capsys):
+    folder = edited_log(run_sh.folder, tmp_path, "stage3", lambda lines: lines)
+    (folder / "stage3.log").unlink()
+    (folder / "stage3.log").mkdir()
+    status, out = reported(folder, capsys)
+    assert status == report.EXIT["FAIL"] and "stage3 did not finish (no result)" in out
+
+
 def test_a_fault_found_on_the_ranks_that_reported_still_fails(run_sh, tmp_path, capsys):
     folder = planted(run_sh.folder, tmp_path, "stage3", lambda r: {**r, "partition_check_ok": False})
     status, out = reported(edited_log(folder, tmp_path, "stage3", lambda lines: lines[: result_index(lines, 0) + 1]),
