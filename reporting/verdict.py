@@ -324,9 +324,8 @@ def lost_ranks(runs):
 
 
 def say_lost(lost):
-    return "; " + ", ".join(f"{name} rank(s) {' '.join(map(str, ranks))}" for name, ranks in lost.items()) + (
-        " wrote no complete RESULT line (cut off, garbled, mistyped or missing) or more than one, or one beyond "
-        "the run's world, so not every rank was judged")
+    return "; " + ", ".join(f"{name} rank(s) {' '.join(map(str, ranks))}" for name, ranks in lost.items()) + \
+        " wrote no complete RESULT line (cut off, garbled, mistyped, missing, twice or beyond the world): not judged"
 
 
 def judged(criterion, *runs):
