@@ -15,14 +15,13 @@ import argparse
 import bisect
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
 import stages
 from accounting import predict, timing
 from accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
-from formatting import EXIT
+from formatting import EXIT, quiet_when_closed
 from options import BadInput
 from planning import inputs, output
 from planning.inputs import between
@@ -343,16 +342,6 @@ def settle(args):
     args.stages = list(dict.fromkeys(args.stages))
 
 
-def print_quietly(text):
-    """Print, and end quietly where the reader has gone (plan.py --json | head -1). Local until formatting.py has
-    a shared helper."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail
-        sys.exit(EXIT["done"])
-
-
 def main(argv=None):
     try:
         args = parse_args(argv)
@@ -364,10 +353,11 @@ def main(argv=None):
     for warning in calibration_warnings(args):
         print(f"plan.py: warning: {warning}", file=sys.stderr)
     p = plan(model, args)
-    print_quietly(json.dumps(p, indent=1) if args.json else output.text(p))
+    print(json.dumps(p, indent=1) if args.json else output.text(p))
     if args.plot:
         output.plot(p, args.plot)
 
 
 if __name__ == "__main__":
+    quiet_when_closed()
     main()
