@@ -171,6 +171,38 @@ def forget_priming_step(optimizer):
         group.pop("step", None)  # DeepSpeed's FusedAdam counts per group
 
 
+# The newest DeepSpeed in which engine.backward was read to leave a 16-bit optimizer's fp16 loss unscaled without
+# ZeRO (0.19.3 and 0.19.8 alike); a later one may scale it itself (DeepSpeed PR #8393), which this must not repeat.
+UNSCALED_FP16_BACKWARD_UNTIL = (0, 19, 8)
+
+
+def loss_scale(engine):
+    """fp16's loss scale now: ZeRO's optimizers keep it as cur_scale, the 16-bit ones without ZeRO in
+    loss_scale_config (DeepSpeed 0.19.3 to 0.19.8)."""
+    holder = getattr(engine.optimizer, "loss_scale_config", engine.optimizer)
+    return getattr(holder, "cur_scale", None)
+
+
+def unscaled_fp16_backward(engine):
+    """Why this run scales its fp16 loss before engine.backward, as one clause; "" where it need not. Without
+    ZeRO, DeepSpeed's engine.backward multiplies an fp16 loss by the loss scale only for ZeRO's optimizers, yet
+    stage 0's FP16 optimizers divide the gradients by it at the step: its gradients came out 1/loss-scale of their
+    size and were never clipped (on an H200, stage 0 then trailed stage 3 by 3% at step 3; on CPU ranks the norm
+    that it clipped with was the true norm over the loss scale)."""
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+    installed = tuple(int(part) for part in re.findall(r"\d+", deepspeed.__version__)[:3])
+    if engine.fp16_enabled() and not isinstance(engine.optimizer, ZeROOptimizer) \
+            and installed <= UNSCALED_FP16_BACKWARD_UNTIL:
+        return (", the fp16 loss scaled before engine.backward, which leaves it unscaled without ZeRO "
+                "(DeepSpeed PR #8393)")
+    return ""
+
+
+def loss_for_backward(engine, loss):
+    """The loss as engine.backward must receive it for the step to see gradients of their true size."""
+    return loss * loss_scale(engine) if unscaled_fp16_backward(engine) else loss
+
+
 def leave(world, status):
     """End the process with status, without the interpreter's teardown: after ZeRO-3 on gloo (seen with DeepSpeed
     0.19.8 and torch 2.14.1) it sometimes aborts ("terminate called without an active exception") after all the work

@@ -135,7 +135,7 @@ def train(engine, run, tokens, device, r):
         with comms.step(device, profiled=last and trained >= 2 and nccl) as comm:
             loss, signalled, elapsed = timed_step(engine, run, trained + 1, x, y, device, r if last else None)
         s = {"step": step, "loss": loss / r.world_size, "lr": engine.get_lr()[0], "applied": engine.was_step_applied(),
-             "loss_scale": getattr(engine.optimizer, "cur_scale", None) if run.dtype == "fp16" else None,
+             "loss_scale": machine.loss_scale(engine) if run.dtype == "fp16" else None,
              "time_s": elapsed, **measure.memory_snapshot(device), **comm}
         r.steps.append(s)
         if s["applied"] and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
@@ -160,7 +160,7 @@ def timed_step(engine, run, step, x, y, device, census):
     sync()
     t0 = time.perf_counter()
     loss = engine(x, y)
-    engine.backward(loss)
+    engine.backward(machine.loss_for_backward(engine, loss))
     sync()
     elapsed = time.perf_counter() - t0
     counted = measure.model_states_now(engine, device, run.offload) if census else None
@@ -321,7 +321,7 @@ def build_and_train(run, config, tokens, r, device):
     r.deepcompile_active = compat.deepcompile_active(engine) if run.deepcompile else False
     r.zero_config = compat.zero_config(engine)
     r.memory_at_start = measure.memory_snapshot(device)
-    log(r.rank, f"ready to train; optimizer {r.optimizer}")
+    log(r.rank, f"ready to train; optimizer {r.optimizer}{machine.unscaled_fp16_backward(engine)}")
     vars(r).update(measure.shard_report(engine.module, r.world_size))
     r.weights_checksum = measure.weights_checksum(engine.module, r.rank, device)
     log(r.rank, f"{r.params_total:,} parameters in {r.param_tensors} tensors")

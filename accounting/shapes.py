@@ -43,8 +43,10 @@ class GPTConfig:
 # demo. 1.3b's rate was measured on H200s (BENCHMARKS.md, section 9): Adam's first step moves every weight by
 # about the rate, whatever its gradient; at 1e-5 the loss rose at step 2, and a warm-up to it (5e-6, then
 # 1e-5) made bf16 rise at step 3 on 2 GPUs, where 5e-6 fell at every step. The other GPT-3 rates keep the
-# paper's ratios to 1.3b's. tiny's 3e-3 overshot one batch at its third step on one CPU rank (seed 0: 5.369, 4.718,
-# 5.057); 1e-3 fell at each of the first 3 steps for seeds 0-5 and 10-15.
+# paper's ratios to 1.3b's, but 2.7b's: at the paper's ratio (4e-6) its loss rose at step 2 (11.322, 12.890) on one
+# H200, at 2e-6 at step 3 (11.340, 8.166, 13.331), at 3e-6 it fell (11.340, 7.834, 6.789;
+# benchmarks/logs/h200/26-off-default). tiny's 3e-3 overshot one batch at its third step on one CPU rank (seed 0:
+# 5.369, 4.718, 5.057); 1e-3 fell at each of the first 3 steps for seeds 0-5 and 10-15.
 PRESETS = {
     "tiny": GPTConfig(2, 4, 128, 256, 256, 1e-3),
     "small": GPTConfig(8, 8, 1024, 256, 256, 1e-5),
@@ -52,6 +54,6 @@ PRESETS = {
     "350m": GPTConfig(24, 16, 1024, 50257, 1024, 7.5e-6),
     "760m": GPTConfig(24, 16, 1536, 50257, 1024, 6.25e-6),
     "1.3b": GPTConfig(24, 16, 2048, 50257, 1024, 5e-6),
-    "2.7b": GPTConfig(32, 32, 2560, 50257, 1024, 4e-6),
+    "2.7b": GPTConfig(32, 32, 2560, 50257, 1024, 3e-6),
     "6.7b": GPTConfig(32, 32, 4096, 50257, 1024, 3e-6),
 }

@@ -12,11 +12,15 @@ export RESULTS=$out/results PYTHONUNBUFFERED=1
 ds() { local name=$1; shift; timeout 300 deepspeed --num_gpus 1 train_gpt.py "$@" > "$out/$name.log" 2>&1; echo "$name: exit $?"; }
 for group in "$@"; do
   case $group in
-    tests)  # the README's test command as a new user runs it (no RESULTS), the GPUs it saw at the top; killed short of the
-            # device call's 10 minutes, so that what ran stays in the log
-      { nvidia-smi -L; echo "\$ pip install -r requirements.txt pytest && python3 -m pytest -q tests"
-        time env -u RESULTS timeout 570 bash -c 'pip install -r requirements.txt pytest && python3 -m pytest -q tests'; } \
-        > "$out/tests.txt" 2>&1; echo "tests: exit $?" ;;
+    tests)  # the README's test command as a new user runs it (no RESULTS), the GPUs it saw at the top; interrupted short
+            # of the device call's 10 minutes (SIGINT: pytest still prints its summary), so that what ran stays in the
+            # log; then the GPU launches' results folders, as OUT_DIR/gpu_launches.tgz
+      { nvidia-smi -L; echo "PYTEST_ADDOPTS=${PYTEST_ADDOPTS:-}"
+        echo "\$ pip install -r requirements.txt pytest && python3 -m pytest -q tests"
+        time env -u RESULTS timeout -s INT -k 20 550 bash -c 'pip install -r requirements.txt pytest && python3 -m pytest -q tests'; } \
+        > "$out/tests.txt" 2>&1; echo "tests: exit $?"
+      launched=/tmp/pytest-of-$(id -un)/pytest-current
+      tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && ls -d gpu_*) ;;
     env)
       { nvidia-smi; python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'deepspeed', deepspeed.__version__)"
         echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}"; nproc; free -g; } > "$out/env.txt" 2>&1

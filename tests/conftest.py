@@ -4,7 +4,8 @@ is emptied here before torch is imported, and again as every Python process the 
 (tests/no_gpus/sitecustomize.py on PYTHONPATH), since the deepspeed launcher gives its ranks GPUs 0..N-1 back.
 
 Shared launches: each costs seconds of start-up on a CPU, so each runs once per test session and
-the tests read its logs."""
+the tests read its logs. Those of the tests marked gpu (GPU_LAUNCHES) start, one after another, as soon as the
+suite is collected, and run while the CPU's tests do; the tests marked gpu run last."""
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,11 +41,42 @@ def gpus_as_launched() -> int:
     return int(probe.stdout.strip()) if probe.returncode == 0 else 0
 
 
+# the launches of the tests marked gpu, by fixture name: run.sh's arguments, on one GPU, in this order
+GPU_LAUNCHES = {
+    "gpu_sweep": ("--ranks", "1 2"),  # the 1.3b model at stages 0 and 3, on 1 rank and on 2 rehearsed
+    "gpu_default": (),  # as the README's first command runs it
+    # where DeepSpeed's loss scaler skips the steps whose gradients overflow (at stage 3 the first 3 of them)
+    "gpu_fp16": ("--ranks", "2", "--dtype", "fp16"),
+}
+
+
 def pytest_collection_modifyitems(config, items):
     on_gpu = [item for item in items if item.get_closest_marker("gpu")]
     if on_gpu and not gpus_as_launched():
         for item in on_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a GPU, and torch sees none on this machine"))
+    elif on_gpu and not config.option.collectonly:
+        items[:] = [item for item in items if item not in on_gpu] + on_gpu
+        needed = [name for name in GPU_LAUNCHES if any(name in item.fixturenames for item in on_gpu)]
+        config.gpu_launches = start_gpu_launches(config._tmp_path_factory, needed)
+
+
+def start_gpu_launches(tmp_path_factory, names):
+    """{name: the future of its run_sh_once}: one at a time, since together their ranks would not fit one GPU."""
+    one_at_a_time = ThreadPoolExecutor(max_workers=1)
+    launches = {name: one_at_a_time.submit(run_sh_once, tmp_path_factory, name, *GPU_LAUNCHES[name], gpus=True)
+                for name in names}
+    one_at_a_time.shutdown(wait=False)
+    return launches
+
+
+def pytest_sessionfinish(session):
+    """An interrupted suite leaves no launch behind, the one under way in the background included."""
+    for future in getattr(session.config, "gpu_launches", {}).values():
+        future.cancel()
+    for leftover in run_processes(LAUNCH_MARKERS, "ZERO3_TEST_LAUNCH"):
+        leftover.kill()
+    shutil.rmtree(LAUNCH_MARKERS, ignore_errors=True)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,10 +87,13 @@ from reporting import reading  # noqa: E402
 from machine import free_port  # noqa: E402
 
 
+LAUNCH_MARKERS = tempfile.mkdtemp(prefix="zero3-launches-")  # a folder per test session, one inside it per launch
+
+
 def run(cmd, env=None, log=None, gpus=False):
     """cmd's process, its output captured; with gpus, as the user would launch it, on one GPU (ONE_GPU)."""
     # a launch that hangs fails its tests after 10 minutes, not CI's 90, and leaves none of its processes behind
-    marker = tempfile.mkdtemp(prefix="launch-")
+    marker = tempfile.mkdtemp(prefix="launch-", dir=LAUNCH_MARKERS)
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                               env={**({**AS_LAUNCHED, **ONE_GPU} if gpus else os.environ), "ZERO3_TEST_LAUNCH": marker,

@@ -11,6 +11,7 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 import compat
 import config_checks
 import fsdp2
+import machine
 import options
 from conftest import assert_refused
 from options import BadInput
@@ -91,3 +92,36 @@ def test_a_deepspeed_config_on_pydantic_1s_api_has_its_unknown_keys_refused():
                                           "zero_optimization.", "")
     with pytest.raises(BadInput, match=r"zero_optimization\.offload_param\.devic is not .* \(did you mean device\?\)"):
         config_checks.refuse_unknown_in_model({"offload_param": {"devic": "cpu"}}, Zero, "zero_optimization.", "")
+
+
+# -----------------------------------------------------------------------------
+# fp16 without ZeRO: DeepSpeed's engine.backward leaves the loss unscaled, its FP16 optimizers unscale at the step
+
+def an_fp16_engine(zero=False, fp16=True, scale=1024.0):
+    """An engine as machine.loss_for_backward reads it: ZeRO's optimizers keep the scale as cur_scale, DeepSpeed's
+    16-bit optimizers without ZeRO in loss_scale_config."""
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+    if zero:
+        optimizer = object.__new__(type("ZeRO", (ZeROOptimizer,), {}))
+        optimizer.cur_scale = scale
+    else:
+        optimizer = SimpleNamespace(loss_scale_config=SimpleNamespace(cur_scale=scale))
+    return SimpleNamespace(optimizer=optimizer, fp16_enabled=lambda: fp16)
+
+
+def test_without_zero_an_fp16_loss_is_scaled_before_backward_as_its_step_expects():
+    engine = an_fp16_engine()
+    assert machine.loss_for_backward(engine, torch.tensor(2.0)).item() == 2048.0
+    assert machine.loss_scale(engine) == 1024.0
+    assert "DeepSpeed PR #8393" in machine.unscaled_fp16_backward(engine)
+
+
+@pytest.mark.parametrize("engine", [an_fp16_engine(zero=True), an_fp16_engine(fp16=False)], ids=["zero", "bf16"])
+def test_zero_s_optimizers_and_other_precisions_leave_the_loss_to_engine_backward(engine):
+    assert machine.loss_for_backward(engine, torch.tensor(2.0)).item() == 2.0
+    assert machine.unscaled_fp16_backward(engine) == ""
+
+
+def test_a_deepspeed_newer_than_those_read_is_left_to_scale_the_loss_itself(monkeypatch):
+    monkeypatch.setattr(machine.deepspeed, "__version__", "0.19.9")
+    assert machine.loss_for_backward(an_fp16_engine(), torch.tensor(2.0)).item() == 2.0

@@ -2,8 +2,8 @@
 on any machine against an emulated one; and what only a GPU shows, in the tests marked gpu, which launch as a user
 would, on one GPU, and are skipped where torch sees none.
 
-The GPU launches are shared by module-scoped fixtures: only this file uses them, and together they must leave the
-whole suite within one 10-minute run on one H200."""
+The GPU launches (conftest.GPU_LAUNCHES) start as the suite begins and run beside the CPU's tests: together they
+must leave the whole suite within one 10-minute run on one H200."""
 import os
 import sys
 from types import SimpleNamespace
@@ -15,7 +15,7 @@ from deepspeed.accelerator import real_accelerator
 import launches
 import options
 from accounting.shapes import PRESETS
-from conftest import run, run_sh_once
+from conftest import run
 from machine import free_port
 from test_accounting import PEAK_TOLERANCE
 
@@ -93,23 +93,15 @@ def test_every_process_that_the_suite_launches_sees_no_gpu(launcher, tmp_path):
 gpu = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def gpu_sweep(tmp_path_factory):
-    """`bash run.sh --ranks "1 2"` on one GPU: the 1.3b model at stages 0 and 3, on 1 rank and on 2 rehearsed."""
-    return run_sh_once(tmp_path_factory, "gpu_sweep", "--ranks", "1 2", gpus=True)
+def launched(name):
+    """The fixture of a GPU launch that conftest started as the suite began (GPU_LAUNCHES): waits for its end."""
+    @pytest.fixture(scope="module", name=name)
+    def fixture(request):
+        return request.config.gpu_launches[name].result()
+    return fixture
 
 
-@pytest.fixture(scope="module")
-def gpu_default(tmp_path_factory):
-    """`bash run.sh` on one GPU, as the README's first command runs it."""
-    return run_sh_once(tmp_path_factory, "gpu_default", gpus=True)
-
-
-@pytest.fixture(scope="module")
-def gpu_fp16(tmp_path_factory):
-    """`bash run.sh --ranks 2 --dtype fp16` on one GPU, where DeepSpeed's loss scaler skips the steps whose
-    gradients overflow (issue 31: at stage 3 the first 3 of them on an H200)."""
-    return run_sh_once(tmp_path_factory, "gpu_fp16", "--ranks", "2", "--dtype", "fp16", gpus=True)
+gpu_sweep, gpu_default, gpu_fp16 = map(launched, ["gpu_sweep", "gpu_default", "gpu_fp16"])
 
 
 def records_at(runs, world_size):

@@ -1,0 +1,111 @@
+"""Many run.sh runs in one device call, side by side on one H200 within its memory: each job starts once the GiB
+that the running ones may take, with its own, fit under BUDGET_GIB, and only if its time still fits before the
+deadline. Runs that share the GPU share its time too: their memory per rank, losses and verdicts are real, their
+speeds are not (the jobs marked alone run with nothing beside them, for their step times).
+
+    python3 benchmarks/h200_batch.py OUT_DIR DEADLINE_S BATCH ...
+
+Each job's output is OUT_DIR/NAME.txt (with its time), its results folder OUT_DIR/results/NAME; the last lines
+printed say each job's exit status and seconds, and which jobs did not start."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GRACE_S = 30  # past the deadline, before a job that outran its estimate is stopped
+BUDGET_GIB = 128  # of the H200's 139: the CUDA contexts of up to a dozen ranks, and some slack for the estimates
+
+# name: (the largest GiB that all its ranks hold together at one time, seconds alone, run.sh's arguments); the GiB
+# from predict.rank_memory's peaks per rank (stage 0 of the 1.3b model: 24.5 GiB a rank), rounded up
+BATCHES = {
+    "verdict": {  # issue 31's matrix: each row a stage-0/stage-3 pair at the same ranks
+        "fp16_rehearsal": (100, 240, "--dtype fp16"),
+        "model_2.7b": (96, 240, "--ranks 2 --model 2.7b"),
+        "mb8_no_checkpoint": (72, 180, "--ranks 2 --micro-batch 8 --no-checkpoint"),
+        "offload": (52, 240, '--ranks 2 --stages "0 3 3_offload"'),
+        "original_design": (56, 240, '--ranks 2 --stages "0_original 3_original"'),
+        "fp32_350m_ranks2": (16, 120, "--ranks 2 --dtype fp32 --model 350m"),
+        "model_350m": (10, 100, "--ranks 2 --model 350m"),
+    },
+    "peaks": {  # issue 33's matrix beyond the verdict's: every RESULT records its predicted peak
+        # (stage 0 at 1, 2 and 4 ranks, and fp16 at 2, are the test suite's GPU launches)
+        "s12_r1": (30, 120, '--ranks 1 --stages "1 2"'),
+        "s12_r4": (40, 200, '--ranks 4 --stages "1 2"'),
+        "s3_r1": (30, 200, '--ranks 1 --stages "3 3_offload" --peer fsdp2'),
+        "mb16_no_checkpoint": (50, 120, '--ranks 1 --stages "0 3" --micro-batch 16 --no-checkpoint'),
+        "mb1_checkpoint": (28, 100, '--ranks 1 --stages "0 3" --micro-batch 1'),
+        "r8": (64, 300, '--ranks 8 --stages "1 2 3"'),
+        "tiny": (8, 100, '--ranks "1 2" --stages "0 1 2 3" --model tiny'),
+        "compile": (30, 200, '--ranks 1 --stages "0 3" --peer fsdp2 --compile'),
+    },
+    "probe": {  # fp16 started at a loss scale of 2^12 and 2^8 (ds_config_stage{0,3}_p{12,8}.json, made by the
+                # device call), where issue 31's trial overflowed at stage 3 from DeepSpeed's 2^16; the 2.7b model
+                # at two rates below its preset's 4e-6, at which its loss rose at step 2
+        "fp16_p12_r2": (52, 120, '--ranks 2 --dtype fp16 --stages "0_p12 3_p12"'),
+        "fp16_p8_r2": (52, 120, '--ranks 2 --dtype fp16 --stages "0_p8 3_p8"'),
+        "lr2e-6_2.7b": (50, 60, "--ranks 1 --model 2.7b --stages 0 --lr 2e-6"),
+        "lr3e-6_2.7b": (50, 60, "--ranks 1 --model 2.7b --stages 0 --lr 3e-6"),
+    },
+    "steady": {  # issue 33's calibration: the same setup at 10 and at 30 steps, alone on the GPU
+        "steady10": (30, 60, "--ranks 1 --stages 0 --steps 10 alone"),
+        "steady30": (30, 70, "--ranks 1 --stages 0 --steps 30 alone"),
+    },
+}
+
+
+def launch(out: Path, name: str, args: str, limit_s: float) -> subprocess.Popen:
+    """run.sh ARGS, stopped by SIGTERM (which run.sh reports as an interruption) after limit_s."""
+    (out / "results" / name).mkdir(parents=True, exist_ok=True)
+    command = f"{{ time timeout {limit_s:.0f} bash run.sh {args}; }} > {out / name}.txt 2>&1"
+    return subprocess.Popen(["bash", "-c", command], cwd=ROOT, env={**os.environ, "RESULTS": str(out / "results" / name)})
+
+
+def write_original_configs() -> None:
+    """benchmarks/original_design.json as run.sh's stages 0_original and 3_original (fp16, lr 1e-4, train batch 8)."""
+    for stage in (0, 3):
+        config = json.loads((ROOT / "benchmarks" / "original_design.json").read_text())
+        config.setdefault("zero_optimization", {})["stage"] = stage
+        (ROOT / f"ds_config_stage{stage}_original.json").write_text(json.dumps(config, indent=2))
+
+
+def run_batches(out: Path, deadline_s: float, jobs: dict) -> None:
+    start = time.monotonic()
+    waiting, running, done = dict(jobs), {}, {}
+    while waiting or running:
+        for name, (proc, gib, began) in list(running.items()):
+            if proc.poll() is not None:
+                done[name] = (proc.returncode, round(time.monotonic() - began))
+                del running[name]
+        alone = any(jobs[n][2].endswith("alone") for n in running)
+        for name, (gib, seconds, args) in list(waiting.items()):
+            solo = args.endswith("alone")
+            held = sum(g for _, g, _ in running.values())
+            if alone or (solo and running) or held + gib > BUDGET_GIB:
+                if solo:
+                    break  # the jobs after one that runs alone wait for it, in order
+                continue
+            if time.monotonic() - start + seconds > deadline_s:
+                continue
+            limit_s = deadline_s + GRACE_S - (time.monotonic() - start)
+            running[name] = (launch(out, name, args.removesuffix(" alone"), limit_s), gib, time.monotonic())
+            del waiting[name]
+            alone = solo
+            print(f"[{time.monotonic() - start:5.0f}s] started {name}", flush=True)
+        if waiting and not running and all(time.monotonic() - start + s > deadline_s for _, s, _ in waiting.values()):
+            break
+        time.sleep(1)
+    for name, (status, seconds) in done.items():
+        print(f"{name}: exit {status} in {seconds} s")
+    for name in waiting:
+        print(f"{name}: not started (no time left)")
+
+
+if __name__ == "__main__":
+    out_dir, deadline = Path(sys.argv[1]), float(sys.argv[2])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_original_configs()
+    run_batches(out_dir, deadline, {name: job for batch in sys.argv[3:] for name, job in BATCHES[batch].items()})
