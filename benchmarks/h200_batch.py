@@ -50,6 +50,15 @@ BATCHES = {
         "lr2e-6_2.7b": (50, 60, "--ranks 1 --model 2.7b --stages 0 --lr 2e-6"),
         "lr3e-6_2.7b": (50, 60, "--ranks 1 --model 2.7b --stages 0 --lr 3e-6"),
     },
+    "rest": {  # what the first call of the verdict and peak batches left unrun, after the fp16 fix (31a6fe3)
+        "fp16_rehearsal": (100, 170, "--dtype fp16"),
+        "s3_r1": (28, 150, '--ranks 1 --stages "3 3_offload" --peer fsdp2'),
+        "model_2.7b": (96, 150, "--ranks 2 --model 2.7b"),
+        "compile": (28, 150, '--ranks 1 --stages "0 3" --peer fsdp2 --compile'),
+        "offload": (52, 240, '--ranks 2 --stages "0 3 3_offload"'),
+        "original_design": (56, 240, '--ranks 2 --stages "0_original 3_original"'),
+        "mb8_no_checkpoint": (72, 180, "--ranks 2 --micro-batch 8 --no-checkpoint"),
+    },
     "steady": {  # issue 33's calibration: the same setup at 10 and at 30 steps, alone on the GPU
         "steady10": (30, 60, "--ranks 1 --stages 0 --steps 10 alone"),
         "steady30": (30, 70, "--ranks 1 --stages 0 --steps 30 alone"),
