@@ -191,8 +191,8 @@ def unscaled_fp16_backward(engine):
     that it clipped with was the true norm over the loss scale)."""
     from deepspeed.runtime.base_optimizer import ZeROOptimizer
     installed = tuple(int(part) for part in re.findall(r"\d+", deepspeed.__version__)[:3])
-    if engine.fp16_enabled() and not isinstance(engine.optimizer, ZeROOptimizer) \
-            and installed <= UNSCALED_FP16_BACKWARD_UNTIL:
+    fp16 = getattr(engine, "fp16_enabled", lambda: False)()  # FSDP2's engine trains bf16 or fp32 only
+    if fp16 and not isinstance(engine.optimizer, ZeROOptimizer) and installed <= UNSCALED_FP16_BACKWARD_UNTIL:
         return (", the fp16 loss scaled before engine.backward, which leaves it unscaled without ZeRO "
                 "(DeepSpeed PR #8393)")
     return ""

@@ -116,7 +116,8 @@ def test_without_zero_an_fp16_loss_is_scaled_before_backward_as_its_step_expects
     assert "DeepSpeed PR #8393" in machine.unscaled_fp16_backward(engine)
 
 
-@pytest.mark.parametrize("engine", [an_fp16_engine(zero=True), an_fp16_engine(fp16=False)], ids=["zero", "bf16"])
+@pytest.mark.parametrize("engine", [an_fp16_engine(zero=True), an_fp16_engine(fp16=False), SimpleNamespace()],
+                         ids=["zero", "bf16", "fsdp2"])
 def test_zero_s_optimizers_and_other_precisions_leave_the_loss_to_engine_backward(engine):
     assert machine.loss_for_backward(engine, torch.tensor(2.0)).item() == 2.0
     assert machine.unscaled_fp16_backward(engine) == ""
