@@ -6,7 +6,7 @@ the theory in accounting/predict.py alone: no torch, no deepspeed, no GPU, no la
     python3 plan.py --params 8.03e9 --layers 32 --d-model 4096 --heads 32 --vocab 128256 --seq 8192 --gpus 8 128
     python3 plan.py --from results/<timestamp> --json     # the GPU, its MFU and its link as a run measured them
 
-A run to plan from has steady steps (step 4 on, not the profiled last): bash run.sh --ranks 1 --steps 12.
+A run to plan from has steady steps (step 4 on, not the profiled last): bash run.sh --ranks 1 --steps 30.
 
 Every default is an assumption, stated with its source in --help and in the plan's header. Exit status 0, or
 2 on bad input (one line on stderr).
@@ -42,9 +42,10 @@ ASSUMED = {
                                "all-reduce figures on 8 H100 SXM, without NVLink SHARP"),
     "inter_busbw_gbs": (45.0, "400 Gb/s InfiniBand per GPU = 50 GB/s, at about 0.9 efficiency"),
     "host_gbs": (50.0, "PCIe 5.0 x16: 64 GB/s each way, about 0.8 of it achieved (offload's copies only)"),
-    "reserve_gib": (2.0, "the allocator's reserve beyond the reserved bytes predicted: at most 1.92 GiB in any "
-                         "committed H200 run that records its config (stage 3, 8 rehearsed ranks, 24-peaks); stages "
-                         "1 and 2, in older runs, reserved up to 4.62 GiB beyond (h200/5-stages-offload-cap)"),
+    "reserve_gib": (4.0, "the allocator's reserve beyond the reserved bytes predicted: at most 3.80 GiB in any "
+                         "committed H200 run that records its config (stage 3 in fp16 on 2 rehearsed ranks, "
+                         "26-off-default; 2.73 for 2.7b's stage 3 there, 1.92 in 24-peaks); stages 1 and 2, in older "
+                         "runs, reserved up to 4.62 GiB beyond (h200/5-stages-offload-cap)"),
     "context_gib": (0.5, "the CUDA context, NCCL's and cuBLAS's own memory outside torch's allocator: not measured "
                          "here, as torch does not see it"),
 }
@@ -303,7 +304,7 @@ def measured(args):
     return found, device, curve, c
 
 
-MAKE_RUN = "bash run.sh --ranks 1 --steps 12 makes a run to plan from"
+MAKE_RUN = "bash run.sh --ranks 1 --steps 30 makes a run to plan from"
 
 
 def calibration_warnings(args):

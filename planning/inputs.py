@@ -15,7 +15,9 @@ from result import RankResult
 # 0.348 s against a median of 0.30 over steps 4-13; h200x2/13-fsdp2/15-final5: FSDP2's 0.120 and 0.091 s against
 # 0.093-0.099). The profiled last step is slower again (comm_s marks it).
 STEADY_FROM = 4
-MIN_STEADY = 5  # fewer steady steps than this give an MFU marked uncertain
+# fewer steady steps than this give an MFU marked uncertain: on one H200 (26-off-default) stage 0's steps kept
+# quickening to about step 25, and a 10-step run's 7 steady steps gave MFU 0.109 where a 30-step run's 27 gave 0.128
+MIN_STEADY = 20
 
 
 def between(kind, low, high, why, low_allowed=True):

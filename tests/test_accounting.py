@@ -337,8 +337,18 @@ def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
 LOGS = t.HERE / "benchmarks" / "logs"
 PEAK_RUNS = LOGS / "h200" / "24-peaks" / "results"
 PEAK_TOLERANCE = 0.05
-# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss: none.
-PEAK_MISSES = {}
+# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss.
+# fp16 at stage 3 on 2 rehearsed ranks: from the first step after an applied one, 0.74 GiB over bf16's peak at the
+# same setting (11.78 against 11.04 GiB, with the same memory allocated between steps), not seen at 4 ranks (6.14
+# GiB both): a transient of fp16's that is not traced. Stage 3 with its optimizer offloaded, on one rank: 0.37 GiB
+# over the prediction, open since issue 33's trial (3.76 against 3.39 GiB then too).
+FP16_STAGE3_2_RANKS = -0.065
+PEAK_MISSES = {
+    **{f"h200/26-off-default/{run}/summary.json stage3 G2 mb2 ck1": FP16_STAGE3_2_RANKS for run in (
+        "2-probe/results/fp16_p12_r2/20261201-221859-A7dr", "2-probe/results/fp16_p8_r2/20261201-221859-J7f5",
+        "3-suite/gpu_fp160/20261201-224004-Ka1m")},
+    "h200/26-off-default/4-rest/results/s3_r1/20261201-224405-2icd/summary.json stage3 G1 mb2 ck1": -0.098,
+}
 
 
 def run_name(r):
@@ -377,7 +387,8 @@ def training_peak(r):
 def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_records_its_config():
     """24-peaks (1.3b: stages 0 and 3 and FSDP2, micro batch 2 and 16, checkpointing on and off, 1, 4 and 8
     ranks), 25-oldest (tiny on 2 rehearsed ranks, DeepSpeed 0.14.4 to 0.19.8, and 1.3b on one) and the FSDP2
-    runs on 2 H200s (h200x2/13-fsdp2, micro batch 2 and 16, checkpointing on and off): the
+    runs on 2 H200s (h200x2/13-fsdp2, micro batch 2 and 16, checkpointing on and off), and 26-off-default (fp16,
+    fp32, the tiny, 350m and 2.7b models, stages 1 and 2, micro batch 1 and 16, offload, 1, 2 and 4 ranks): the
     workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak, hold it too."""
     misses, covered = {}, set()
     for summary, r in records(LOGS):
@@ -388,7 +399,7 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
         covered.add((summary.relative_to(LOGS).parts[1], r.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
-    assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2"}  # 13-fsdp2: FSDP2 on 2 GPUs
+    assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
@@ -431,7 +442,7 @@ def test_stage_1_frees_the_gradients_outside_its_partition_before_the_step():
 def test_stage_0_all_reduces_through_a_flat_copy_of_at_most_a_bucket():
     assert predict.reduction_bytes(0, "deepspeed", "fp32", PSI, PSI, {}) == 4 * PSI
     big = 10 * predict.ALLREDUCE_ELEMS
-    assert predict.reduction_bytes(0, "deepspeed", "bf16", big, big, {}, 7) == 4 * (predict.ALLREDUCE_ELEMS + 7)
+    assert predict.reduction_bytes(0, "deepspeed", "bf16", big, big, {}, 7) == 2 * (predict.ALLREDUCE_ELEMS + 7)
     assert predict.reduction_bytes(0, "fsdp2", "bf16", PSI, PSI, {}) == 0
 
 

@@ -283,6 +283,17 @@ def test_a_run_with_too_few_steady_steps_gives_an_mfu_marked_uncertain_with_a_wa
     assert "plan.py: warning: " in capsys.readouterr().err
 
 
+STEADY = ROOT / "benchmarks/logs/h200/26-off-default/1-batch/results"  # stage 0, 1 rank, alone on one H200
+
+
+def test_a_10_step_run_on_an_h200_is_uncertain_and_a_30_step_run_is_not(capsys):
+    [ten], [thirty] = ((STEADY / name).iterdir() for name in ("steady10", "steady30"))
+    short, long = (planned(capsys, "--from", folder, "--gpus", 8)["calibration"] for folder in (ten, thirty))
+    assert (short["steady_steps"], short["uncertain"]) == (7, True)
+    assert (long["steady_steps"], long["uncertain"]) == (27, False)
+    assert long["mfu"] / short["mfu"] == pytest.approx(1.18, abs=0.01)  # the drift that MIN_STEADY allows for
+
+
 def test_a_run_without_a_steady_step_leaves_the_mfu_assumed_and_says_how_to_make_one(capsys, tmp_path):
     p = planned(capsys, "--from", folder_of(tmp_path, steps=record()["steps"][:3]), "--gpus", 8)
     assert p["inputs"]["mfu"] == plan.ASSUMED["mfu"][0] and p["calibration"] is None
@@ -346,8 +357,8 @@ def test_fits_leaves_the_stated_headroom_and_says_what_is_left(capsys):
     reserved = predict.reserved_bytes(whole) / GIB
     p = planned(capsys, "--gpus", 1, "--stages", "0", "--gpu-mem-gib", reserved + 1)  # fits, but not the headroom
     [r] = p["rows"]
-    assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(1 - 2.5)
-    assert "a headroom of 2.5 GiB" in plan.output.text(p)
+    assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(1 - 4.5)
+    assert "a headroom of 4.5 GiB" in plan.output.text(p)
 
 
 def test_the_allocators_reserve_covers_every_committed_h200_run_that_records_its_config():
