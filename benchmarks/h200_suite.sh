@@ -16,8 +16,8 @@ for group in "$@"; do
             # of the device call's 10 minutes (SIGINT: pytest still prints its summary), so that what ran stays in the
             # log; then the GPU launches' results folders, as OUT_DIR/gpu_launches.tgz
       { nvidia-smi -L; echo "PYTEST_ADDOPTS=${PYTEST_ADDOPTS:-}"
-        echo "\$ pip install -r requirements.txt pytest && python3 -m pytest -q tests"
-        time env -u RESULTS timeout -s INT -k 20 550 bash -c 'pip install -r requirements.txt pytest && python3 -m pytest -q tests'; } \
+        echo "\$ python3 -m pip install -r requirements.txt pytest && python3 -m pytest -q tests"
+        time env -u RESULTS timeout -s INT -k 20 550 bash -c 'python3 -m pip install -r requirements.txt pytest && python3 -m pytest -q tests'; } \
         > "$out/tests.txt" 2>&1; echo "tests: exit $?"
       launched=/tmp/pytest-of-$(id -un)/pytest-current
       tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && ls -d gpu_*) ;;
