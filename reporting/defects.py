@@ -4,7 +4,7 @@ that have it and where it was traced and fixed: a criterion that fails with one 
 that has the defect names it (verdict.judged). The same table is in docs/result-keys.md.
 """
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from result import PARTITION_TOLERANCE
 from stages import shards_nothing, shards_params
@@ -17,7 +17,7 @@ LOSS_GAP = 0.005
 class Defect:
     what: str
     criteria: tuple  # the criteria it fails, by their letters
-    fixed_in: str  # the first DeepSpeed version without it
+    fixed_in: Optional[str]  # the first DeepSpeed version without it; None while none is
     source: str
     symptom: Callable  # [results of a run, ...] -> whether the runs show it
 
@@ -50,6 +50,15 @@ def stage0_bf16_partitions_optimizer(runs):
                and (share(rs, "optimizer", min) or 1) < 1 - PARTITION_TOLERANCE for rs in runs if rs)
 
 
+def stage0_fp16_never_overflows(runs):
+    """An fp16 stage-0 DeepSpeed run skipped no step where another stage's skipped some: its gradients were never
+    scaled (machine.loss_for_backward's defect; 0.19.8 unpatched, 4 ranks: none against 3)."""
+    dense = [rs[0] for rs in runs if rs and shards_nothing(rs[0].stage) and rs[0].dtype == "fp16"
+             and rs[0].engine == "deepspeed"]
+    others = [rs[0] for rs in runs if rs and not shards_nothing(rs[0].stage) and rs[0].dtype == "fp16"]
+    return any(not d.skipped_steps and o.skipped_steps for d in dense for o in others)
+
+
 DEFECTS = [
     Defect("stage 3 holds the embeddings after backward (they take token ids, which need no gradient, and get no "
            "post-backward release until the optimizer step)", ("(d)",), "0.19.3",
@@ -58,6 +67,10 @@ DEFECTS = [
            "0.18.6", "DeepSpeed PR #7839", stage0_bf16_trains_less),
     Defect("bf16 without ZeRO (stage 0) partitions the optimizer states", ("(b)",), "0.17.6", "DeepSpeed PR #7515",
            stage0_bf16_partitions_optimizer),
+    Defect("without ZeRO (stage 0), engine.backward leaves an fp16 loss unscaled while the step divides the "
+           "gradients by the loss scale: they are 1/loss-scale of their size and never clipped", ("(c)", "(e)"),
+           None, "DeepSpeed PR #8393, open; train_gpt.py scales the loss itself up to DeepSpeed 0.19.8",
+           stage0_fp16_never_overflows),
 ]
 
 
@@ -80,7 +93,7 @@ def known_defects(criterion, runs):
     does. runs: the results of each run that the criterion judged."""
     installed = deepspeed_version(runs)
     letter = criterion.split()[0]
-    found = [d for d in DEFECTS if letter in d.criteria and installed and version(installed) < version(d.fixed_in)
-             and d.symptom(runs)]
-    return "".join(f"; KNOWN DEEPSPEED DEFECT in {installed}: {d.what} ({d.source}; fixed in {d.fixed_in})"
-                   for d in found)
+    found = [d for d in DEFECTS if letter in d.criteria and installed
+             and (d.fixed_in is None or version(installed) < version(d.fixed_in)) and d.symptom(runs)]
+    return "".join(f"; KNOWN DEEPSPEED DEFECT in {installed}: {d.what} ({d.source}"
+                   f"{f'; fixed in {d.fixed_in}' if d.fixed_in else ''})" for d in found)

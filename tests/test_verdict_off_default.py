@@ -274,6 +274,23 @@ def test_a_criterion_failing_with_a_known_defects_symptom_names_it(version, crit
     assert f"KNOWN DEEPSPEED DEFECT in {version}" in line and source in line
 
 
+FP16_REHEARSALS = ROOT / "benchmarks" / "logs" / "h200" / "26-off-default"  # before and after the loss-scaling fix
+
+
+def test_fp16_stage_0_whose_loss_went_unscaled_is_named_as_deepspeeds_open_defect(capsys):
+    [folder] = (FP16_REHEARSALS / "1-batch" / "results" / "fp16_rehearsal").iterdir()
+    status, out = reported(folder, capsys)
+    for criterion in ("(c)", "(e)"):
+        line = out.split(f"FAIL  {criterion}")[1].splitlines()[0]
+        assert "KNOWN DEEPSPEED DEFECT in 0.19.8" in line and "DeepSpeed PR #8393, open" in line
+
+
+def test_fp16_stage_0_with_its_loss_scaled_passes_and_names_no_defect(capsys):
+    [folder] = (FP16_REHEARSALS / "4-rest" / "results" / "fp16_rehearsal").iterdir()
+    status, out = reported(folder, capsys)
+    assert status == report.EXIT["PASS"] and "KNOWN DEEPSPEED DEFECT" not in out
+
+
 def test_the_version_that_fixed_the_defects_names_none(capsys):
     [folder] = (OLDEST / "quick" / "quick-0.19.3").iterdir()
     assert "KNOWN DEEPSPEED DEFECT" not in reported(folder, capsys)[1]
