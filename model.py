@@ -1,6 +1,6 @@
 """
 The model: GPT-2/3 style, pre-LayerNorm, learned positions, tied input and output embedding. Its shapes
-(PRESETS) are in accounting/shapes.py, torch-free, so that plan.py reads the same ones.
+(PRESETS) are in zero3bench/accounting/shapes.py, torch-free, so that plan.py reads the same ones.
 """
 import math
 
@@ -9,8 +9,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from accounting import predict
-from accounting.shapes import LOSS_CHUNK
+from zero3bench.accounting import predict
+from zero3bench.accounting.shapes import LOSS_CHUNK
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -1,6 +1,6 @@
 """
 Plan a cluster: per GPU, the memory and the step time of ZeRO stages 0 to 3 and FSDP2 on 8 to 1024 GPUs, from
-the theory in accounting/predict.py alone: no torch, no deepspeed, no GPU, no launch; a second to run.
+the theory in zero3bench/accounting/predict.py alone: no torch, no deepspeed, no GPU, no launch; a second to run.
 
     python3 plan.py                                       # the 1.3b preset on 8, 64, 512 and 1024 GPUs
     python3 plan.py --params 8.03e9 --layers 32 --d-model 4096 --heads 32 --vocab 128256 --seq 8192 --gpus 8 128
@@ -18,14 +18,14 @@ import json
 import sys
 from pathlib import Path
 
-import stages
-from accounting import predict, timing
-from accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
-from formatting import EXIT, quiet_when_closed
-from options import BadInput
-from planning import inputs, output
-from planning.inputs import between
-from reporting import reading
+from zero3bench import stages
+from zero3bench.accounting import predict, timing
+from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
+from zero3bench.formatting import EXIT, quiet_when_closed
+from zero3bench.options import BadInput
+from zero3bench.planning import inputs, output
+from zero3bench.planning.inputs import between
+from zero3bench.reporting import reading
 
 HERE = Path(__file__).resolve().parent
 DTYPE = "bf16"  # the plan is of 16-bit training, the precision the peak FLOP/s below are for
@@ -220,7 +220,7 @@ def amount(key):
 
 def parse_args(argv):
     p = Parser(prog="plan.py", description="Plan a cluster: memory and step time per GPU, ZeRO stages 0-3 and "
-                                           "FSDP2, from accounting/predict.py alone (no torch).")
+                                           "FSDP2, from zero3bench/accounting/predict.py alone (no torch).")
     p.add_argument("--preset", choices=PRESETS, help="one of train_gpt.py's models (default 1.3b)")
     for flag in SHAPE_FLAGS:
         p.add_argument(f"--{flag.replace('_', '-')}", type=whole(flag), help="a shape of your own, with the others")

@@ -1,6 +1,6 @@
 """
 Reads the RESULT lines that train_gpt.py leaves in a run's logs, compares the ZeRO stages, and gives the
-verdict; the work is in reporting/ (reading, verdict, tables, artifacts, compare), this is its command line:
+verdict; the work is in zero3bench/reporting/ (reading, verdict, tables, artifacts, compare), this is its command line:
 
     python report.py results/<timestamp>           # table, verdict
     python report.py --write results/<timestamp>   # and writes summary.json, summary.md, memory.png there
@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from formatting import EXIT, SIGNALS, quiet_when_closed
-from reporting import artifacts, compare, reading, tables, verdict
+from zero3bench.formatting import EXIT, SIGNALS, quiet_when_closed
+from zero3bench.reporting import artifacts, compare, reading, tables, verdict
 
 
 def parse_args(argv):

@@ -61,7 +61,7 @@ if [ -n "${HOSTFILE:-}" ]; then
     "$HOSTFILE")  # the ranks that the hostfile's slots give, for train_gpt.py's check
   [ "$ranks" -gt 0 ] || bad "HOSTFILE $HOSTFILE names no host with slots=N"
 fi
-plan=$(python3 launches.py "$ranks" "$stages" "$peer" "${args[@]}") || exit
+plan=$(python3 -m zero3bench.launches "$ranks" "$stages" "$peer" "${args[@]}") || exit
 unwritable() { echo "run.sh: error: cannot $1: ${2##*: }" >&2; exit 6; }  # a full disk, say: exit 6
 out=$(mktemp -d "$results/$(date +%Y%m%d-%H%M%S)-XXXX" 2>&1) || unwritable "make a folder in $results" "$out"
 to_log() { local why; why=$( { echo "$*" >> "$log"; } 2>&1 ) || unwritable "write the log $log" "$why"; }

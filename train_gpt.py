@@ -25,20 +25,13 @@ import psutil
 import torch
 from deepspeed import comm as dist
 
-import compat
-import config_checks
-import fsdp2
-import machine
-import options
-import result
-import stages
-from accounting import comms, measure, predict
-from accounting.shapes import LOSS_CHUNK, PRESETS
-from formatting import START, log, phase, rank_table, size
+from zero3bench import compat, config_checks, fsdp2, machine, options, result, stages
+from zero3bench.accounting import comms, measure, predict
+from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
+from zero3bench.formatting import START, log, phase, rank_table, size
 from model import DTYPES, GPT, Block
 
 IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
-HERE = Path(__file__).resolve().parent
 
 # -----------------------------------------------------------------------------
 # data: deterministic for a seed and a step, the same at every stage
@@ -363,7 +356,7 @@ def publish(r):
 
 def main(argv=None):
     try:
-        args = options.parse_args(argv, PRESETS, HERE)  # first: --help needs no launcher
+        args = options.parse_args(argv, PRESETS)  # first: --help needs no launcher
         launcher = machine.checked_launcher_env()
         config, run, tokens, how = resolve(args)
     except options.BadInput as e:

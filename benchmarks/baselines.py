@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import machine  # noqa: E402
+from zero3bench import machine  # noqa: E402
 import train_gpt  # noqa: E402
 
 

@@ -32,7 +32,7 @@ for group in "$@"; do
     2.7b) matrix "$group" --ranks 4 --stages "3" --model 2.7b --micro-batch 4 ;;
     compile) matrix "$group" --ranks 1 --stages "0 3" --peer fsdp2 --compile ;;
     timelines)
-      for run in "3 ds_config_stage3_offload.json --checkpoint" "2 ds_config_stage2.json --no-checkpoint"; do
+      for run in "3 configs/ds_config_stage3_offload.json --checkpoint" "2 configs/ds_config_stage2.json --no-checkpoint"; do
         read -r stage config ck <<< "$run"
         TIMELINE_OUT=$out/timeline TIMELINE_TAG=stage${stage}_$ck timed "timeline_stage${stage}$ck" \
           deepspeed --num_gpus 1 benchmarks/memory_timeline.py --stage "$stage" --config "$config" "$ck" --steps 4

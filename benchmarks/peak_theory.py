@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reporting import reading, theory  # noqa: E402
+from zero3bench.reporting import reading, theory  # noqa: E402
 
 
 def rows(top):

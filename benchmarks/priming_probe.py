@@ -10,14 +10,14 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import machine  # noqa: E402
+from zero3bench import machine  # noqa: E402
 import train_gpt as t  # noqa: E402
 
 stage, keep = sys.argv[1], "--keep-priming" in sys.argv
 if keep:  # the step DeepSpeed takes at init stays counted, as before the fix
     t.machine.forget_priming_step = lambda optimizer: None
 machine.adopt_launcher_env()
-args = t.options.parse_args(["--stage", stage], t.PRESETS, t.HERE)
+args = t.options.parse_args(["--stage", stage], t.PRESETS)
 config, run, tokens, _ = t.resolve(args)
 device, *_ = t.init_distributed(run.timeout_s)
 run, config, _ = t.compat.degrade(run, config, device)

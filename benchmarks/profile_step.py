@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_gpt  # noqa: E402
-from accounting import comms  # noqa: E402
+from zero3bench.accounting import comms  # noqa: E402
 
 OUT = Path(os.environ.get("PROFILE_OUT", "profile"))
 TAG = os.environ.get("PROFILE_TAG", "run")

@@ -1,6 +1,6 @@
 """
-Logs written before result.py timed a DeepCompile run from the step after its second compile, timed as
-result.py times them now: rank 0's result, read as a result.RankResult, with DeepCompile's timing where
+Logs written before zero3bench/result.py timed a DeepCompile run from the step after its second compile, timed as
+zero3bench/result.py times them now: rank 0's result, read as a result.RankResult, with DeepCompile's timing where
 the log's config turns it on. Prints each log's step time, tokens/s and peak, and its speed against the first log.
   python3 benchmarks/retime.py REFERENCE_LOG LOG ...
 """
@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from reporting.reading import read_results  # noqa: E402
+from zero3bench.reporting.reading import read_results  # noqa: E402
 
 
 def retimed(log):

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from formatting import format_table  # noqa: E402
-from reporting import reading, verdict  # noqa: E402
+from zero3bench.formatting import format_table  # noqa: E402
+from zero3bench.reporting import reading, verdict  # noqa: E402
 
 
 def row(folder):

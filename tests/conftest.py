@@ -82,9 +82,9 @@ def pytest_sessionfinish(session):
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import result  # noqa: E402
-from reporting import reading  # noqa: E402
-from machine import free_port  # noqa: E402
+from zero3bench import result  # noqa: E402
+from zero3bench.reporting import reading  # noqa: E402
+from zero3bench.machine import free_port  # noqa: E402
 
 
 LAUNCH_MARKERS = tempfile.mkdtemp(prefix="zero3-launches-")  # a folder per test session, one inside it per launch

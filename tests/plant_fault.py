@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import train_gpt  # noqa: E402
-from accounting import measure  # noqa: E402
+from zero3bench.accounting import measure  # noqa: E402
 
 
 def zero_rank1_gradients(engine):

@@ -5,11 +5,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import machine
-import options
-import result
+from zero3bench import machine, options, result, stages
 import train_gpt as t
-from accounting import explain, predict, shapes
+from zero3bench.accounting import explain, predict, shapes
 from conftest import facts
 
 PSI, G = 1_000_000, 4  # parameters, ranks
@@ -45,9 +43,10 @@ def test_the_partition_table_says_what_each_stage_partitions():
 
 def test_the_prediction_imports_neither_torch_nor_deepspeed():
     def imports(path):
-        return [line for line in (t.HERE / path).read_text().splitlines() if line.startswith(("import ", "from "))]
+        return [line for line in (stages.ROOT / "zero3bench" / path).read_text().splitlines()
+                if line.startswith(("import ", "from "))]
     assert imports("accounting/predict.py") == [
-        "import math", "from stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer"]
+        "import math", "from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer"]
     assert imports("stages.py") == ["from pathlib import Path"]
 
 
@@ -334,7 +333,7 @@ def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
 # -----------------------------------------------------------------------------
 # the predicted peak against every committed GPU run that records what it needs (issues 24 and 33)
 
-LOGS = t.HERE / "benchmarks" / "logs"
+LOGS = stages.ROOT / "benchmarks" / "logs"
 PEAK_RUNS = LOGS / "h200" / "24-peaks" / "results"
 PEAK_TOLERANCE = 0.05
 # Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss.
@@ -457,7 +456,7 @@ def committed(path, run):
 
 def miss_with_todays_config(r):
     """The prediction's miss of a run without a recorded config, with its stage's config as it is today."""
-    zero = json.loads((t.HERE / f"ds_config_stage{r.stage}.json").read_text())["zero_optimization"]
+    zero = json.loads(stages.config_path(r.stage).read_text())["zero_optimization"]
     result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, zero)
     return r.predicted_peak_bytes / training_peak(r) - 1
 

@@ -11,11 +11,10 @@ import sys
 
 import pytest
 
-import config_checks
-import options
+from zero3bench import config_checks, options, stages
 import report
 import train_gpt
-from accounting.shapes import PRESETS
+from zero3bench.accounting.shapes import PRESETS
 from conftest import ROOT, assert_refused
 
 not_root = pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file, whatever its permissions")
@@ -472,7 +471,7 @@ def test_a_valid_check_prints_how_it_reads_the_inputs_and_the_predicted_memory_a
     assert prediction.startswith("predicted per rank at 1 rank(s): model states 7.1 MiB, activations ")
     assert line.startswith("stage 3, bf16 (from the config), micro batch 2 per rank (from "
                            "train_micro_batch_size_per_gpu) x 1 rank(s), lr 0.001 (from the preset; ")
-    assert line.endswith("), optimizer torch AdamW, config " + str(train_gpt.HERE / "ds_config_stage3.json"))
+    assert line.endswith("), optimizer torch AdamW, config " + str(stages.ROOT / "ds_config_stage3.json"))
 
 
 def test_a_valid_check_exits_0_as_a_process(tmp_path):

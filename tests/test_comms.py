@@ -3,7 +3,7 @@ ZeRO paper's units, and nccl-tests' bus bandwidth."""
 import pytest
 import torch
 
-from accounting import comms, predict
+from zero3bench.accounting import comms, predict
 
 
 def test_the_paper_moves_2_params_per_step_below_stage_3_and_3_at_stage_3():

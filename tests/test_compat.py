@@ -8,13 +8,9 @@ import pytest
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-import compat
-import config_checks
-import fsdp2
-import machine
-import options
+from zero3bench import compat, config_checks, fsdp2, machine, options
 from conftest import assert_refused
-from options import BadInput
+from zero3bench.options import BadInput
 
 
 def a_run(**settings):

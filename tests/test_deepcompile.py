@@ -10,10 +10,9 @@ from types import SimpleNamespace
 import deepspeed.compile.init_z3
 import pytest
 
-import options
-import result
+from zero3bench import options, result
 import report
-from reporting import reading
+from zero3bench.reporting import reading
 from conftest import ROOT, assert_refused, facts, planted
 
 RECOMPILE = options.DEEPCOMPILE_RECOMPILE_STEP
@@ -26,7 +25,7 @@ def test_deepcompile_compiles_again_where_deepspeed_schedules_it():
 
 
 def test_deepcompile_is_refused_without_gpus_in_one_line(check):
-    assert_refused(check("--config", "ds_config_stage3_deepcompile.json", "--steps", "8"),
+    assert_refused(check("--config", "configs/ds_config_stage3_deepcompile.json", "--steps", "8"),
                    "turns DeepCompile on, which needs GPUs")
 
 
@@ -97,7 +96,7 @@ def with_deepcompile_run(folder, tmp_path, edit=lambda r: r):
     def as_deepcompile(r):
         losses = r["losses"] + [r["losses"][-1]] * (RECOMPILE + 4 - len(r["losses"]))
         steps = [{**s, "loss": loss} for s, loss in zip(steps_compiling_at(1, RECOMPILE), losses)]
-        r = edit({**r, "config": str(ROOT / "ds_config_stage3_deepcompile.json"), "compile": True,
+        r = edit({**r, "config": str(ROOT / "configs" / "ds_config_stage3_deepcompile.json"), "compile": True,
                   "deepcompile": True, "steps": steps})
         return result.as_dict(result.RankResult(**{k: v for k, v in r.items() if k in FIELDS}))
     return planted(copy, tmp_path, "stage3_deepcompile", as_deepcompile)

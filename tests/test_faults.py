@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import launches
-import machine
-import stages
+from zero3bench import launches, machine, stages
 from conftest import ROOT, json_runs, run, run_processes
 
 # what a launcher (torchrun, a PyTorchJob pod, a Slurm step) leaves in the environment of the shell inside it
@@ -98,7 +96,7 @@ def test_a_results_location_may_begin_with_a_dash(tmp_path):
 
 
 def test_a_config_that_is_a_folder_is_named_as_one(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(stages, "HERE", tmp_path)
+    monkeypatch.setattr(stages, "CONFIG_FOLDERS", (tmp_path,))
     (tmp_path / "ds_config_stage3.json").mkdir()
     with pytest.raises(SystemExit) as e:
         launches.config_args("3")

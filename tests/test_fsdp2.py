@@ -5,7 +5,7 @@ import json
 import pytest
 
 import report
-from reporting import reading, verdict
+from zero3bench.reporting import reading, verdict
 from conftest import ROOT, planted, run
 
 
@@ -75,7 +75,7 @@ def test_fsdp2_is_not_paired_with_stage_0_in_the_verdict(fsdp2_peer):
 
 @pytest.mark.parametrize("args, message", [
     (["--stage", "0", "--engine", "fsdp2"], "--engine fsdp2 is ZeRO-3's peer and reads a stage-3 config, not stage 0"),
-    (["--config", "ds_config_stage3_offload.json", "--engine", "fsdp2"], "trains with torch's AdamW on the device"),
+    (["--config", "configs/ds_config_stage3_offload.json", "--engine", "fsdp2"], "trains with torch's AdamW on the device"),
     (["--engine", "fsdp3"], "invalid choice: 'fsdp3'"),
 ])
 def test_train_gpt_refuses_fsdp2_where_it_cannot_stand_beside_zero3(args, message):

@@ -12,11 +12,10 @@ import pytest
 import torch
 from deepspeed.accelerator import real_accelerator
 
-import launches
-import options
-from accounting.shapes import PRESETS
+from zero3bench import launches, options
+from zero3bench.accounting.shapes import PRESETS
 from conftest import run
-from machine import free_port
+from zero3bench.machine import free_port
 from test_accounting import PEAK_TOLERANCE
 
 H200_BYTES = 143_771 * 2**20  # what torch reports of an H200's memory
@@ -41,7 +40,7 @@ def one_gpu_machine(monkeypatch):
 
 
 def planned_ranks():
-    """The ranks of each run that `bash run.sh` would launch, as launches.py plans them in this process."""
+    """The ranks of each run that `bash run.sh` would launch, as zero3bench/launches.py plans them in this process."""
     runs, _ = launches.plan("", "0 3", "", [])
     return [n for n, _, _ in runs]
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-import machine
+from zero3bench import machine
 from conftest import ROOT, shared_memory_of
 
 

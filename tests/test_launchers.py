@@ -12,13 +12,11 @@ import subprocess
 import pytest
 import torch
 
-import machine
-import options
-import result
+from zero3bench import machine, options, result
 import train_gpt
 from conftest import HUNG_TIMEOUT_S
 from launchers import real
-from reporting import reading
+from zero3bench.reporting import reading
 
 LAUNCHERS = ("srun", "mpirun", "deepspeed", "torchrun")
 

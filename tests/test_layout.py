@@ -1,5 +1,5 @@
-"""The layout's own rules (docs/layout.md), held on the product's code: the top-level modules, accounting/ and
-reporting/, not tests/ or benchmarks/."""
+"""The layout's own rules (docs/layout.md), held on the product's code: the top-level scripts and the package
+zero3bench/, not tests/ or benchmarks/."""
 import ast
 import re
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = sorted([*ROOT.glob("*.py"), *ROOT.glob("accounting/*.py"), *ROOT.glob("reporting/*.py")])
+PRODUCT = sorted([*ROOT.glob("*.py"), *ROOT.glob("zero3bench/**/*.py")])
 # a stage's number compared with a literal: stage == 3, args.stage != 0, r.stage in (1, 2), stage < 3
 STAGE_LITERAL = re.compile(r"\bstage\w*\)? *(==|!=|<=|>=|<|>|in|not in) *\(?\d")
 

@@ -5,7 +5,7 @@ import csv
 import pytest
 
 from conftest import run
-from machine import free_port
+from zero3bench.machine import free_port
 
 STEPS = 2
 

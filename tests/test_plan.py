@@ -1,4 +1,4 @@
-"""plan.py and the arithmetic it adds to accounting/predict.py, held to the ZeRO paper's Table 1 and to torchtitan's
+"""plan.py and the arithmetic it adds to zero3bench/accounting/predict.py, held to the ZeRO paper's Table 1 and to torchtitan's
 published FSDP scaling: CPU only, no launch, no torch in plan.py."""
 import json
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import plan
-from accounting import predict, timing
+from zero3bench.accounting import predict, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, GIB = 1e9, 2**30
@@ -319,7 +319,7 @@ def truncated_to(tmp_path, steps):
 def test_a_10_and_a_14_step_run_give_mfus_within_10_percent_where_a_3_step_one_did_not(capsys, tmp_path):
     ten, whole = (planned(capsys, "--from", truncated_to(tmp_path, n), "--gpus", 8)["inputs"]["mfu"] for n in (10, 14))
     assert abs(ten / whole - 1) <= 0.10
-    from reporting import reading
+    from zero3bench.reporting import reading
     short = reading.machine_of(truncated_to(tmp_path, 3))[0]["mfu"][0]  # steps 2 and 3, as before
     assert abs(short / whole - 1) > 0.10
 
@@ -363,7 +363,7 @@ def test_fits_leaves_the_stated_headroom_and_says_what_is_left(capsys):
 
 def test_the_allocators_reserve_covers_every_committed_h200_run_that_records_its_config():
     from test_accounting import LOGS, predictable, records
-    from result import add_predictions
+    from zero3bench.result import add_predictions
     worst = 0
     for _, r in records(LOGS):
         if predictable(r):

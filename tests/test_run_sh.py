@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 import report
-from reporting import reading
-from reporting.verdict import LOSS_RTOL
+from zero3bench.reporting import reading
+from zero3bench.reporting.verdict import LOSS_RTOL
 from conftest import planted
 
 

@@ -3,8 +3,8 @@ that only stage 3 can fit."""
 import pytest
 
 import report
-import result
-from reporting import reading
+from zero3bench import result
+from zero3bench.reporting import reading
 from conftest import planted
 
 # what each stage promises to partition over the ranks; the rest stays whole on every rank

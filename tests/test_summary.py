@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-import options
+from zero3bench import options
 import report
-import result
-from reporting import compare, tables
+from zero3bench import result
+from zero3bench.reporting import compare, tables
 from conftest import ROOT, planted
 
 # a results folder in the repository, from a rehearsal of 4 ranks on one H200

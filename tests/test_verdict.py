@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from types import SimpleNamespace
 
-import options
+from zero3bench import options
 import report
-from reporting import tables, verdict
+from zero3bench.reporting import tables, verdict
 import train_gpt
 from conftest import ROOT, planted
 
@@ -108,7 +108,7 @@ def test_run_sh_help_prints_its_usage_and_launches_nothing(flag, tmp_path):
 
 @pytest.mark.parametrize("ranks", [4, 3, 1])
 def test_one_gpu_rehearses_as_many_ranks_as_its_memory_holds_up_to_4(ranks, monkeypatch):
-    import launches
+    from zero3bench import launches
     args, config = launches.checked(["--stage", "3", "--model", "1.3b"], 4)
     need = {n: n * launches.stage3_peak(args, config, n) for n in (2, 3, 4)}
     memory = {4: need[4], 3: need[3] + 1, 1: need[2] - 1}[ranks]

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import report
-import result
-from reporting import defects, reading, theory, verdict
+from zero3bench import result
+from zero3bench.reporting import defects, reading, theory, verdict
 from conftest import ROOT, facts, free_port, planted, run
 
 GIB = 2**30

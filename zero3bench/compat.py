@@ -12,7 +12,7 @@ import deepspeed
 import torch
 from deepspeed.runtime.engine import DeepSpeedEngine
 
-from stages import shards_params
+from zero3bench.stages import shards_params
 
 # torch.OutOfMemoryError from torch 2.5; before it, torch.cuda's (the same class since)
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError

@@ -1,8 +1,8 @@
 """
 Where one rank's measured memory departs from theory by more than EXPLAIN_BEYOND, in words.
 """
-from formatting import size
-from stages import PARTITIONS, shards_params, splits_one_buffer
+from zero3bench.formatting import size
+from zero3bench.stages import PARTITIONS, shards_params, splits_one_buffer
 
 EXPLAIN_BEYOND = 0.10
 

@@ -13,8 +13,8 @@ import time
 import torch
 import torch.distributed
 
-import compat
-from accounting import predict
+from zero3bench import compat
+from zero3bench.accounting import predict
 
 # torch.distributed's collectives by the kind of collective they are, and the argument that holds their size;
 # torch 2.14 renamed the two single-tensor ones, and FSDP2 calls the new names

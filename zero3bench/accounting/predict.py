@@ -5,7 +5,7 @@ counts, with no torch and no deepspeed, so that it is tested against the paper's
 """
 import math
 
-from stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
+from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
 
 # The kinds of model state, and the kinds of state a stage partitions them as.
 KINDS = ("params", "grads", "master", "moments")

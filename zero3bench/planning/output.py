@@ -4,7 +4,7 @@ and as a plot. It reads the plan's JSON alone.
 """
 import sys
 
-from formatting import format_table, gib
+from zero3bench.formatting import format_table, gib
 
 MODES = ("overlapped", "serial")
 
@@ -66,8 +66,8 @@ NOTES = [
     "memory per GPU in GiB: peak = what a rank holds throughout (model states, less the gradients freed between",
     "  steps, stage 3's bucket, cuBLAS's workspace) + the most of backward's start (weights gathered, activations),",
     "  its end (gradients, one block), the reduction after it (stage 0's flat bucket, stages 1-2's partition copy)",
-    "  and the optimizer step (gradients, what the step makes): accounting/predict.py's rank_memory, within 5% of",
-    "  every committed H200 run that records its config (tests/test_accounting.py)",
+    "  and the optimizer step (gradients, what the step makes): zero3bench/accounting/predict.py's rank_memory,",
+    "  within 5% of every committed H200 run that records its config (tests/test_accounting.py)",
     "compute: (6 x params + 12 x layers x d_model x seq) FLOPs per token (PaLM), a third more with checkpointing",
     "  (the recomputed forward), at MFU x peak: --mfu counts the recomputed FLOPs as work done",
     "step: serial = compute + every collective; overlapped = per pass the longer of its compute and its collectives,",

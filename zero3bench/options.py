@@ -12,8 +12,8 @@ import sys
 from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 
-import stages
-from formatting import EXIT
+from zero3bench import stages
+from zero3bench.formatting import EXIT
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")
@@ -103,10 +103,10 @@ def at_least(low, high=math.inf):
     return parse
 
 
-def parse_args(argv, presets, here):
+def parse_args(argv, presets):
     p = argparse.ArgumentParser(prog="train_gpt.py", description="DeepSpeed ZeRO benchmark on a GPT-style model.")
     p.add_argument("--stage", type=int, choices=STAGES,
-                   help=f"ZeRO stage; loads {stages.CONFIG_NAME.format('<N>')} beside this script (default {stages.ZERO3})")
+                   help=f"ZeRO stage; loads {stages.CONFIG_NAME.format('<N>')} (default {stages.ZERO3})")
     p.add_argument("--config", type=Path, help=f"a DeepSpeed config file instead of {stages.CONFIG_NAME.format('<N>')}")
     p.add_argument("--model", choices=presets, help="model preset (default 1.3b on GPUs, tiny without)")
     p.add_argument("--micro-batch", type=at_least(1),
@@ -141,7 +141,7 @@ def parse_args(argv, presets, here):
     args, unknown = p.parse_known_args(argv)
     if unknown:
         p.error(f"unrecognized arguments: {' '.join(unknown)}{nearest_option(unknown, option_names(p))}")
-    args.config = args.config or here / stages.CONFIG_NAME.format(stages.ZERO3 if args.stage is None else args.stage)
+    args.config = args.config or stages.config_path(stages.ZERO3 if args.stage is None else args.stage)
     return args
 
 

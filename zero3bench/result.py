@@ -1,7 +1,7 @@
 """
 One result per rank (RankResult), built as the rank starts and filled as it runs, feeds every output: the
 human lines, the RESULT JSON line, and through that line (RankResult.from_dict) the report's tables, verdict
-and summary.json. A new figure is one property of RankResult and one row in reporting/tables.py's COMPARISON
+and summary.json. A new figure is one property of RankResult and one row in zero3bench/reporting/tables.py's COMPARISON
 (docs/layout.md).
 """
 import json
@@ -10,9 +10,9 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field, fields
 
-import options
-from accounting import explain, predict
-from formatting import EXIT, SIGNALS, fmt, gib, pct, relative_error, size
+from zero3bench import options
+from zero3bench.accounting import explain, predict
+from zero3bench.formatting import EXIT, SIGNALS, fmt, gib, pct, relative_error, size
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
@@ -130,7 +130,7 @@ class RankResult:
         return r
 
     # Figures derived from the fields above. A new one is a property here, which every RESULT line then
-    # carries, and a row in reporting/tables.py's COMPARISON.
+    # carries, and a row in zero3bench/reporting/tables.py's COMPARISON.
     @property
     def model_state_bytes(self) -> int:
         return model_states_of(self.model_state_breakdown) if self.model_state_breakdown else None

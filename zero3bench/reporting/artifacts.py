@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from formatting import gib, rank_table
-from result import as_dict
+from zero3bench.formatting import gib, rank_table
+from zero3bench.result import as_dict
 
 from .reading import first, most, oom, pairs, read_command, read_marks
 from .tables import comparison_table, compile_lines, peer_lines

@@ -6,8 +6,8 @@ that has the defect names it (verdict.judged). The same table is in docs/result-
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from result import PARTITION_TOLERANCE
-from stages import shards_nothing, shards_params
+from zero3bench.result import PARTITION_TOLERANCE
+from zero3bench.stages import shards_nothing, shards_params
 
 # Stage 0's last loss this far above the other stage's: gradients scaled down, so it trains less (0.18.4: 1.1%)
 LOSS_GAP = 0.005

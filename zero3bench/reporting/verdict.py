@@ -14,8 +14,8 @@ import signal
 from dataclasses import dataclass
 from typing import Callable
 
-import options
-from formatting import size
+from zero3bench import options
+from zero3bench.formatting import size
 from .defects import known_defects
 from .reading import failed, first, most, oom, pairs, plain, reference_rank, status, unaccounted
 from .theory import PEAK_SLACK, predicted_peak

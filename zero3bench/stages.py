@@ -4,16 +4,17 @@ it. The rest of the benchmark asks these names rather than compare stage numbers
 """
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # train_gpt.py's folder
 # What each stage partitions over the ranks (the ZeRO paper's Pos, Pos+g and Pos+g+p); everything else stays
 # whole on every rank. Every check, prediction and explanation reads this table.
 PARTITIONS = {0: frozenset(), 1: frozenset({"optimizer"}), 2: frozenset({"optimizer", "grads"}),
               3: frozenset({"optimizer", "grads", "params"})}
 DENSE = next(stage for stage, kinds in PARTITIONS.items() if not kinds)  # stage 0: the reference, nothing sharded
 ZERO3 = next(stage for stage, kinds in PARTITIONS.items() if "params" in kinds)  # stage 3: everything sharded
-# Stage N trains with ds_config_stageN.json beside train_gpt.py; a variant of a stage adds to its name
-# (ds_config_stage3_offload.json: "3_offload").
+# Stage N trains with ds_config_stageN.json; a variant of a stage adds to its name (ds_config_stage3_offload.json:
+# "3_offload"). Stages 0 and 3, which run.sh compares, keep theirs beside train_gpt.py, the others in configs/.
 CONFIG_NAME = "ds_config_stage{}.json"
+CONFIG_FOLDERS = (ROOT, ROOT / "configs")
 
 
 def shards_params(stage):
@@ -30,14 +31,17 @@ def splits_one_buffer(stage):
 
 
 def config_path(name):
-    """The config of a stage (a number) or of a variant ("3_offload")."""
-    return HERE / CONFIG_NAME.format(name)
+    """The config of a stage (a number) or of a variant ("3_offload"), the first of CONFIG_FOLDERS that has it;
+    where none does, the path it would have in configs/."""
+    paths = [folder / CONFIG_NAME.format(name) for folder in CONFIG_FOLDERS]
+    return next((path for path in paths if path.exists()), paths[-1])
 
 
 def config_names():
-    """The names that run.sh's --stages takes: every config beside train_gpt.py."""
+    """The names that run.sh's --stages takes: every config in CONFIG_FOLDERS."""
     prefix, suffix = CONFIG_NAME.split("{}")
-    return sorted(p.name[len(prefix):-len(suffix)] for p in HERE.glob(CONFIG_NAME.format("*")))
+    return sorted({p.name[len(prefix):-len(suffix)] for folder in CONFIG_FOLDERS
+                   for p in folder.glob(CONFIG_NAME.format("*"))})
 
 
 def is_own_config(path, stage):

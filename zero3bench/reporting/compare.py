@@ -2,7 +2,7 @@
 What moved between two results folders, run by run: the figures it tracks (TRACKED, by their rows' keys in
 tables.COMPARISON, so that a new label changes nothing), and the regressions beyond a tolerance.
 """
-from formatting import fmt, format_table, signed_pct
+from zero3bench.formatting import fmt, format_table, signed_pct
 
 from .reading import load_runs, status
 from .tables import ROWS

@@ -7,8 +7,8 @@ import json
 import math
 import statistics
 
-from options import BadInput
-from result import RankResult
+from zero3bench.options import BadInput
+from zero3bench.result import RankResult
 
 # Steps 1 to 3 are slower than the rest: step 1 allocates and selects kernels, and steps 2 and 3 ran 5 to 30%
 # over the steady time on H200s (benchmarks/logs/h200/21-verdict/1-cold/results/20261201-110054-sG16: 0.366 and

@@ -6,7 +6,7 @@ What run.sh launches, worked out before anything starts, in one process: every i
     NOTE <a line for the terminal>
     ENV <variable> <value>   (for every run and the report: a cache moved off a home folder that cannot be written)
 
-    python3 launches.py RANKS STAGES PEER [train_gpt.py options ...]    # RANKS "" means every GPU
+    python3 -m zero3bench.launches RANKS STAGES PEER [train_gpt.py options ...]    # RANKS "" means every GPU
 
 A stage is a number or the rest of a config's name (3_offload is ds_config_stage3_offload.json); the peer
 (fsdp2) runs last, on stage 3's config. With one GPU and no RANKS, the ranks rehearse REHEARSED_RANKS on it:
@@ -15,17 +15,12 @@ one rank has nothing to shard across. Bad input: one line on stderr, exit 2.
 import os
 import shlex
 import sys
-from pathlib import Path
 
 import torch
 
-import fsdp2
-import machine
-import options
-import stages
+from zero3bench import fsdp2, machine, options, stages
 import train_gpt
 
-HERE = Path(__file__).resolve().parent
 # The acceptance check for memory is stated at 4 GPUs: stage 3 "about 3-4x lower per GPU" than stage 0.
 REHEARSED_RANKS = 4
 CPU_PROCESSES = 2  # without GPUs: two gloo ranks, the fewest that have something to shard across
@@ -45,14 +40,15 @@ def config_args(stage):
         bad(f"{stages.config_path(stage)} is a folder, not a config file")
     if not stages.config_path(stage).is_file():
         bad(f"no config for stage '{stage}'; there are: {' '.join(stages.config_names())}")
-    return ["--stage", stage] if stage.isdigit() else ["--config", stages.config_path(stage).name]
+    config = stages.config_path(stage).relative_to(stages.ROOT)
+    return ["--stage", stage] if stage.isdigit() else ["--config", str(config)]
 
 
 def checked(argv, ranks):
     """train_gpt.py's run (options.Run) and config, resolved for this many ranks; bad input ends here, as in
     train_gpt.py."""
     try:
-        args = options.parse_args([*argv, "--check", str(ranks)], train_gpt.PRESETS, HERE)
+        args = options.parse_args([*argv, "--check", str(ranks)], train_gpt.PRESETS)
         config, run, _, _ = train_gpt.resolve(args)
     except options.BadInput as e:
         options.fail(str(e))

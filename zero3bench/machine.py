@@ -23,8 +23,8 @@ import deepspeed
 import psutil
 import torch
 
-import compat
-from options import MAX_RANKS, BadInput
+from zero3bench import compat
+from zero3bench.options import MAX_RANKS, BadInput
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads

@@ -19,7 +19,7 @@ from deepspeed.runtime import lr_schedules
 from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS, DeepSpeedConfig
 from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-from options import BadInput
+from zero3bench.options import BadInput
 
 
 # deepspeed.initialize reads these itself, to build its device mesh; DeepSpeedConfig reads them only when a

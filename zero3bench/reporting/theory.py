@@ -3,8 +3,8 @@ What theory expects of a run, for the verdict to judge its measurements against:
 run's own settings (world size, dtype, model, batch, its config's zero_optimization as DeepSpeed read it), the
 formula that train_gpt.py --check, the plan and each RESULT's predicted peak use.
 """
-from accounting import predict
-from accounting.shapes import LOSS_CHUNK, PRESETS
+from zero3bench.accounting import predict
+from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
 
 # (b) expects stage 3's peak to fall against stage 0's as predict.rank_memory predicts for the two runs, and stage
 # 3's peak may exceed its predicted share of stage 0's by this factor, for what theory leaves out. At the default

@@ -13,7 +13,7 @@ from deepspeed import comm as dist
 from deepspeed.runtime.zero.utils import is_zero_param
 from torch._subclasses.fake_tensor import FakeTensor
 
-from accounting import predict
+from zero3bench.accounting import predict
 
 try:  # FSDP2's: torch.distributed.tensor is public from torch 2.5, FSDPModule from 2.6
     from torch.distributed.fsdp import FSDPModule

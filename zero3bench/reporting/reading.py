@@ -9,11 +9,11 @@ import signal
 import statistics
 from pathlib import Path
 
-from formatting import EXIT, SIGNALS, gib
-from options import BadInput
-from reporting import deaths
-from result import RankResult
-from stages import DENSE, ZERO3, is_own_config
+from zero3bench.formatting import EXIT, SIGNALS, gib
+from zero3bench.options import BadInput
+from zero3bench.reporting import deaths
+from zero3bench.result import RankResult
+from zero3bench.stages import DENSE, ZERO3, is_own_config
 
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
 

@@ -1,10 +1,10 @@
 """
 A step's time on G GPUs, for plan.py: when each engine's collectives run and how large each call is, a ring
 collective's seconds at a bus bandwidth, and a step's time with its collectives serial or overlapped with its
-compute. Pure arithmetic, as accounting/predict.py.
+compute. Pure arithmetic, as zero3bench/accounting/predict.py.
 """
-from accounting.predict import BUS_FACTOR, zero_setting
-from stages import shards_params
+from zero3bench.accounting.predict import BUS_FACTOR, zero_setting
+from zero3bench.stages import shards_params
 
 # When each engine's collectives run in a step, each of one copy of the 16-bit weights: in "forward" or
 # "backward" they overlap that pass's compute; "after" they run alone, once backward is done. DeepSpeed at

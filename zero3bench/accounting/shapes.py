@@ -3,7 +3,7 @@ The GPT's shapes, without torch: train_gpt.py builds its model from them and pla
 """
 from dataclasses import dataclass
 
-from accounting import predict
+from zero3bench.accounting import predict
 
 LOSS_CHUNK = 256  # rows of logits per chunk of the loss
 

@@ -2,8 +2,8 @@
 The runs side by side: one row per figure (COMPARISON), the most that any rank holds of a per-rank figure;
 and the lines that describe runs without judging them (offload, DeepCompile, FSDP2 against ZeRO-3).
 """
-from formatting import fmt, format_table, other_bytes, relative_error, size
-from stages import ZERO3
+from zero3bench.formatting import fmt, format_table, other_bytes, relative_error, size
+from zero3bench.stages import ZERO3
 
 from .reading import failed, first, most, offloads, pairs, peer, plain, reference_rank, speed_not_measured, status
 from .verdict import SAME_COMPILED_OR_NOT, loss_gaps
