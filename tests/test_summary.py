@@ -121,7 +121,8 @@ def test_compare_flags_runs_that_trained_another_number_of_steps(tmp_path, capsy
 
 
 def test_compare_tracks_a_figure_whatever_its_row_is_called(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(tables.ROWS, "peak_memory", ("peak_memory", "peak (renamed)", *tables.ROWS["peak_memory"][2:]))
+    renamed = dataclasses.replace(tables.ROWS["peak_memory"], label="peak (renamed)")
+    monkeypatch.setitem(tables.ROWS, "peak_memory", renamed)
     assert report.main(["--compare", str(COMMITTED), str(scaled(COMMITTED, tmp_path, peak=1.2))]) == 1
     assert "stage3 peak (renamed) +20.0%" in capsys.readouterr().out
 

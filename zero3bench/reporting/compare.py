@@ -33,8 +33,9 @@ def compare_run(name, a, b, tolerance):
     if differ:
         regressed.append(f"{name} measured something else: it differs in {', '.join(differ)}")
     for key, bad in TRACKED.items():
-        _, label, get, spec, *_ = ROWS[key]
-        before, after = get(a), get(b)
+        row = ROWS[key]
+        label, spec = row.label, row.spec
+        before, after = row.get(a), row.get(b)
         if not before or after is None:
             continue
         moved = after / before - 1

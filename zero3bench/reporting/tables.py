@@ -2,6 +2,9 @@
 The runs side by side: one row per figure (COMPARISON), the most that any rank holds of a per-rank figure;
 and the lines that describe runs without judging them (offload, DeepCompile, FSDP2 against ZeRO-3).
 """
+from dataclasses import dataclass
+from typing import Callable, Optional
+
 from zero3bench.formatting import fmt, format_table, other_bytes, relative_error, size
 from zero3bench.stages import ZERO3
 
@@ -45,71 +48,81 @@ def states_error(results, measured, predicted):
     return relative_error(most(measured(r) for r in results), predicted(results))
 
 
-# The comparison's rows, by key (what --compare tracks, and what a test names; the label may change):
-# (key, label, the figure of one run, its format, the words of a ratio of two runs (None where a ratio means
-# nothing), whether the row is left out when no run has the figure (offload only, GPUs only), and whether it
-# is a speed, which CPU processes and rehearsals do not measure)
+@dataclass(frozen=True)
+class Row:
+    """One row of the comparison: its key (what --compare tracks and a test names; the label may change), its
+    label, the figure of one run, that figure's format, the words of a ratio of two runs (None where a ratio
+    means nothing), whether the row is left out when no run has the figure (offload only, GPUs only), and
+    whether it is a speed, which CPU processes and rehearsals do not measure."""
+    key: str
+    label: str
+    get: Callable
+    spec: str
+    words: Optional[tuple] = None
+    optional: bool = False
+    speed: bool = False
+
+
 COMPARISON = [
-    ("ranks", "ranks", lambda rs: first(rs).world_size, "d", None, False, False),
-    ("partitioned_tensors", "partitioned tensors", lambda rs: most(r.partitioned_tensors for r in rs), "d", None,
-     False, False),
-    ("param_tensors", "param tensors", lambda rs: most(r.param_tensors for r in rs), "d", None, False, False),
-    ("local_params", "local params", lambda rs: most(r.local_param_elems for r in rs), ",", SMALLER, False, False),
-    ("model_states", "model states", lambda rs: most(r.model_state_bytes for r in rs), "bytes", SMALLER, False, False),
-    ("model_states_paper", "  ZeRO paper", lambda rs: most(r.predicted_model_state_bytes for r in rs), "bytes",
-     SMALLER, False, False),
-    ("model_states_paper_error", "  error", lambda rs: states_error(
-        rs, lambda r: r.model_state_bytes, lambda rs: most(r.predicted_model_state_bytes for r in rs)), "+.1%", None,
-     False, False),
-    ("model_states_estimator", "  DeepSpeed estimator", estimator, "bytes", SMALLER, False, False),
-    ("model_states_estimator_error", "  error", lambda rs: states_error(rs, lambda r: r.model_state_bytes, estimator),
-     "+.1%", None, False, False),
-    ("host_states", "host model states", lambda rs: most(r.host_state_bytes for r in rs) or None, "bytes", None, True,
-     False),
-    ("host_states_paper", "  ZeRO paper", lambda rs: most(r.predicted_host_state_bytes for r in rs) or None, "bytes",
-     None, True, False),
-    ("host_states_error", "  error", lambda rs: states_error(
-        rs, lambda r: r.host_state_bytes, lambda rs: most(r.predicted_host_state_bytes for r in rs)), "+.1%", None,
-     True, False),
-    ("other_tensors", "other tensors", other_bytes, "bytes", None, False, False),
-    ("peak_memory", "peak memory", lambda rs: most(r.peak_mem_bytes for r in rs) or None, "bytes", SMALLER, False,
-     False),
-    ("peak_memory_estimated", "  estimated", lambda rs: gpu_only(most(r.predicted_peak_bytes for r in rs), rs),
-     "bytes", SMALLER, True, False),
-    ("all_gather_bytes", "all-gather / step", lambda rs: comm(rs, "comm_bytes", "all_gather"), "bytes", SMALLER, True,
-     False),
-    ("reduce_scatter_bytes", "reduce-scatter / step", lambda rs: comm(rs, "comm_bytes", "reduce_scatter"), "bytes",
-     SMALLER, True, False),
-    ("all_reduce_bytes", "all-reduce / step", lambda rs: comm(rs, "comm_bytes", "all_reduce"), "bytes", SMALLER, True,
-     False),
-    ("comm_volume", "  volume, x params", lambda rs: first(rs).comm_volume, ".2f", SMALLER, True, False),
-    ("comm_volume_paper", "  ZeRO paper",
-     lambda rs: first(rs).paper_comm_volume if first(rs).comm_volume is not None else None, "d", None, True, False),
-    ("busbw_all_gather", "busbw all-gather GB/s", lambda rs: gbps(comm(rs, "busbw", "all_gather")), ",.0f", LOWER,
-     True, False),
-    ("busbw_reduce_scatter", "busbw reduce-scatter GB/s", lambda rs: gbps(comm(rs, "busbw", "reduce_scatter")),
-     ",.0f", LOWER, True, False),
-    ("busbw_all_reduce", "busbw all-reduce GB/s", lambda rs: gbps(comm(rs, "busbw", "all_reduce")), ",.0f", LOWER,
-     True, False),
-    ("link_busbw", "  all-gather alone GB/s", lambda rs: gbps(first(rs).link_busbw_at(1 << 28)), ",.0f", None, True,
-     False),
-    ("nvlink", "  NVLink GB/s", lambda rs: gbps(first(rs).link_bytes_per_s), ",.0f", None, True, False),
-    ("first_loss", "first loss", lambda rs: first(rs).first_loss, ".4f", None, False, False),
-    ("last_loss", "last loss", lambda rs: (first(rs).losses or [None])[-1], ".4f", None, False, False),
-    ("skipped_steps", "skipped steps", lambda rs: first(rs).skipped_steps if first(rs).dtype == "fp16"
-     or first(rs).skipped_steps else None, "d", None, True, False),  # fp16's loss scaler skips on overflow
-    ("step_time_s", "step time s", lambda rs: first(rs).step_time_s, ".3f", FASTER[::-1], False, True),
-    ("timed_from", "  timed from step", lambda rs: first(rs).timed_from if first(rs).deepcompile else None, "d", None,
-     True, False),
-    ("tokens_per_s", "tokens/s", lambda rs: first(rs).tokens_per_s, ",.0f", FASTER, False, True),
-    ("mfu", "MFU", lambda rs: first(rs).mfu, ".1%", LOWER, False, True),
+    Row("ranks", "ranks", lambda rs: first(rs).world_size, "d"),
+    Row("partitioned_tensors", "partitioned tensors", lambda rs: most(r.partitioned_tensors for r in rs), "d"),
+    Row("param_tensors", "param tensors", lambda rs: most(r.param_tensors for r in rs), "d"),
+    Row("local_params", "local params", lambda rs: most(r.local_param_elems for r in rs), ",", SMALLER),
+    Row("model_states", "model states", lambda rs: most(r.model_state_bytes for r in rs), "bytes", SMALLER),
+    Row("model_states_paper", "  ZeRO paper", lambda rs: most(r.predicted_model_state_bytes for r in rs), "bytes",
+        SMALLER),
+    Row("model_states_paper_error", "  error", lambda rs: states_error(
+        rs, lambda r: r.model_state_bytes, lambda rs: most(r.predicted_model_state_bytes for r in rs)), "+.1%"),
+    Row("model_states_estimator", "  DeepSpeed estimator", estimator, "bytes", SMALLER),
+    Row("model_states_estimator_error", "  error",
+        lambda rs: states_error(rs, lambda r: r.model_state_bytes, estimator), "+.1%"),
+    Row("host_states", "host model states", lambda rs: most(r.host_state_bytes for r in rs) or None, "bytes",
+        optional=True),
+    Row("host_states_paper", "  ZeRO paper", lambda rs: most(r.predicted_host_state_bytes for r in rs) or None, "bytes",
+        optional=True),
+    Row("host_states_error", "  error", lambda rs: states_error(
+        rs, lambda r: r.host_state_bytes, lambda rs: most(r.predicted_host_state_bytes for r in rs)), "+.1%",
+        optional=True),
+    Row("other_tensors", "other tensors", other_bytes, "bytes"),
+    Row("peak_memory", "peak memory", lambda rs: most(r.peak_mem_bytes for r in rs) or None, "bytes", SMALLER),
+    Row("peak_memory_estimated", "  estimated", lambda rs: gpu_only(most(r.predicted_peak_bytes for r in rs), rs),
+        "bytes", SMALLER, optional=True),
+    Row("all_gather_bytes", "all-gather / step", lambda rs: comm(rs, "comm_bytes", "all_gather"), "bytes", SMALLER,
+        optional=True),
+    Row("reduce_scatter_bytes", "reduce-scatter / step", lambda rs: comm(rs, "comm_bytes", "reduce_scatter"), "bytes",
+        SMALLER, optional=True),
+    Row("all_reduce_bytes", "all-reduce / step", lambda rs: comm(rs, "comm_bytes", "all_reduce"), "bytes", SMALLER,
+        optional=True),
+    Row("comm_volume", "  volume, x params", lambda rs: first(rs).comm_volume, ".2f", SMALLER, optional=True),
+    Row("comm_volume_paper", "  ZeRO paper",
+        lambda rs: first(rs).paper_comm_volume if first(rs).comm_volume is not None else None, "d", optional=True),
+    Row("busbw_all_gather", "busbw all-gather GB/s", lambda rs: gbps(comm(rs, "busbw", "all_gather")), ",.0f", LOWER,
+        optional=True),
+    Row("busbw_reduce_scatter", "busbw reduce-scatter GB/s", lambda rs: gbps(comm(rs, "busbw", "reduce_scatter")),
+        ",.0f", LOWER, optional=True),
+    Row("busbw_all_reduce", "busbw all-reduce GB/s", lambda rs: gbps(comm(rs, "busbw", "all_reduce")), ",.0f", LOWER,
+        optional=True),
+    Row("link_busbw", "  all-gather alone GB/s", lambda rs: gbps(first(rs).link_busbw_at(1 << 28)), ",.0f",
+        optional=True),
+    Row("nvlink", "  NVLink GB/s", lambda rs: gbps(first(rs).link_bytes_per_s), ",.0f", optional=True),
+    Row("first_loss", "first loss", lambda rs: first(rs).first_loss, ".4f"),
+    Row("last_loss", "last loss", lambda rs: (first(rs).losses or [None])[-1], ".4f"),
+    # fp16's loss scaler skips a step on overflow
+    Row("skipped_steps", "skipped steps",
+        lambda rs: first(rs).skipped_steps if first(rs).dtype == "fp16" or first(rs).skipped_steps else None, "d",
+        optional=True),
+    Row("step_time_s", "step time s", lambda rs: first(rs).step_time_s, ".3f", FASTER[::-1], speed=True),
+    Row("timed_from", "  timed from step", lambda rs: first(rs).timed_from if first(rs).deepcompile else None, "d",
+        optional=True),
+    Row("tokens_per_s", "tokens/s", lambda rs: first(rs).tokens_per_s, ",.0f", FASTER, speed=True),
+    Row("mfu", "MFU", lambda rs: first(rs).mfu, ".1%", LOWER, speed=True),
 ]
-ROWS = {row[0]: row for row in COMPARISON}
+ROWS = {row.key: row for row in COMPARISON}
 
 
 def figure(key, results):
     """One figure of a run, by its row's key."""
-    return ROWS[key][2](results)
+    return ROWS[key].get(results)
 
 
 def ratio(before, after, words):
@@ -128,12 +141,12 @@ def comparison_table(runs):
     names = list(runs)
     unmeasured = speed_not_measured(runs)
     rows = [("", *names, f"{names[1]} against {names[0]}" if len(names) == 2 else "")]
-    for _, label, get, spec, words, optional, speed in COMPARISON:
-        values = [get(runs[name]) for name in names]
-        if optional and all(v is None for v in values):
+    for row in COMPARISON:
+        values = [row.get(runs[name]) for name in names]
+        if row.optional and all(v is None for v in values):
             continue
-        label += " *" if speed and unmeasured else ""
-        rows.append((label, *(fmt(v, spec) for v in values), ratio(*values, words) if len(values) == 2 else ""))
+        label = row.label + (" *" if row.speed and unmeasured else "")
+        rows.append((label, *(fmt(v, row.spec) for v in values), ratio(*values, row.words) if len(values) == 2 else ""))
     rows.append(("status", *(status(runs[name]) for name in names), ""))
     table = format_table(rows)
     return table + (f"\n* not a measure of speed: {unmeasured}" if unmeasured else "")
