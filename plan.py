@@ -21,7 +21,8 @@ from pathlib import Path
 from zero3bench import stages
 from zero3bench.accounting import predict, timing
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
-from zero3bench.formatting import EXIT, quiet_when_closed
+from zero3bench.exits import EXIT
+from zero3bench.formatting import quiet_when_closed
 from zero3bench.options import BadInput
 from zero3bench.planning import inputs, output
 from zero3bench.planning.inputs import between

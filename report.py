@@ -17,7 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from zero3bench.formatting import EXIT, SIGNALS, quiet_when_closed
+from zero3bench.exits import EXIT, SIGNALS
+
+from zero3bench.formatting import quiet_when_closed
 from zero3bench.reporting import artifacts, compare, reading, tables, verdict
 
 

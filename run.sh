@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the benchmark at stage 0, then stage 3, keeps each run's log under results/<timestamp>/, and prints
 # the progress, the comparison and the verdict; report.py --write also writes summary.json, summary.md and memory.png.
-# `bash run.sh --help` says how to use it. Exit status: 0 PASS, 1 FAIL, 2 bad input, 5 NOT OBSERVABLE, 6 a
-# file not written, and 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of what finished.
+# `bash run.sh --help` says how to use it. Exit status (zero3bench/exits.py): 0 PASS, 1 FAIL, 2 bad input, 5 NOT
+# OBSERVABLE, 6 a file not written, and 128 plus the signal (130 for Ctrl-C) when interrupted, after a report of
+# what finished.
 set -uo pipefail
 started=$(date +%s.%N)
 usage() {

@@ -1,5 +1,5 @@
-"""Figures as text, shared by train_gpt.py's lines and report.py's tables, the exit statuses, the progress
-lines of a run, and a command's output into a pipe that its reader closes."""
+"""Figures as text, shared by train_gpt.py's lines and report.py's tables, the progress lines of a run, and a
+command's output into a pipe that its reader closes."""
 import contextlib
 import os
 import sys
@@ -8,12 +8,6 @@ import time
 
 START = time.perf_counter()
 
-# One meaning each, in train_gpt.py, report.py and run.sh alike (README, "Exit status"); a signal ends any of
-# them with 128 plus its number, as a shell does.
-EXIT = {"done": 0, "PASS": 0, "failed": 1, "FAIL": 1, "bad input": 2, "out of memory": 3, "diverged": 4,
-        "NOT OBSERVABLE": 5,
-        "not written": 6}
-SIGNALS = {"SIGHUP": 1, "SIGINT": 2, "SIGTERM": 15}
 
 
 class QuietWhenClosed:

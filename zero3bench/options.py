@@ -13,7 +13,7 @@ from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 
 from zero3bench import stages
-from zero3bench.formatting import EXIT
+from zero3bench.exits import EXIT
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from zero3bench import options
 from zero3bench.accounting import explain, predict
-from zero3bench.formatting import EXIT, SIGNALS, fmt, gib, pct, relative_error, size
+from zero3bench.exits import EXIT, SIGNALS
+from zero3bench.formatting import fmt, gib, pct, relative_error, size
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
@@ -306,7 +307,7 @@ def finish(r, shape, loss_chunk, zero, memory_now):
 
 
 def exit_status(r):
-    """The rank's exit status: 128 plus the signal that interrupted it, else as formatting.EXIT says."""
+    """The rank's exit status: 128 plus the signal that interrupted it, else as exits.EXIT says."""
     if r.oom or r.error and not r.error.startswith("Interrupted"):  # a failure, though a signal came after it
         return EXIT["out of memory" if r.oom else "failed"]
     if r.interrupted_by:

@@ -9,7 +9,9 @@ import signal
 import statistics
 from pathlib import Path
 
-from zero3bench.formatting import EXIT, SIGNALS, gib
+from zero3bench.exits import EXIT, SIGNALS
+
+from zero3bench.formatting import gib
 from zero3bench.options import BadInput
 from zero3bench.reporting import deaths
 from zero3bench.result import RankResult
