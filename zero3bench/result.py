@@ -1,8 +1,7 @@
 """
 One result per rank (RankResult), built as the rank starts and filled as it runs, feeds every output: the
 human lines, the RESULT JSON line, and through that line (RankResult.from_dict) the report's tables, verdict
-and summary.json. A new figure is one property of RankResult and one row in zero3bench/reporting/tables.py's COMPARISON
-(docs/layout.md).
+and summary.json. A new figure is one property of RankResult and one row of reporting/tables.py (docs/layout.md).
 """
 import json
 import math
