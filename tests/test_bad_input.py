@@ -114,8 +114,8 @@ def test_the_top_of_each_range_passes_the_check(argv, check):
 def test_the_top_of_the_time_and_memory_ranges_is_what_the_code_can_hold():
     """What --timeout-s and --max-mem-gib become at launch: a process group's timeout, and the data segment's
     limit (in a process of its own, which the limit would otherwise cap)."""
-    code = ("import resource, datetime, torch, machine, options; from torch import distributed as d; "
-            "d.init_process_group('gloo', store=d.HashStore(), rank=0, world_size=1, "
+    code = ("import resource, datetime, torch; from zero3bench import machine, options; "
+            "from torch import distributed as d; d.init_process_group('gloo', store=d.HashStore(), rank=0, world_size=1, "
             "timeout=datetime.timedelta(seconds=options.MAX_TIMEOUT_S)); d.barrier(); "
             "machine.cap_memory(torch.device('cpu'), options.MAX_MEM_GIB); "
             "print(resource.getrlimit(resource.RLIMIT_DATA)[0])")
