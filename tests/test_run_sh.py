@@ -7,14 +7,14 @@ import pytest
 
 import report
 from zero3bench.reporting import reading
-from zero3bench.reporting.verdict import LOSS_RTOL
+from zero3bench.reporting.verdict import CRITERIA, LOSS_RTOL
 from conftest import planted
 
 
 def test_run_sh_passes_on_cpu(run_sh):
     assert run_sh.proc.returncode == 0, run_sh.proc.stdout[-3000:] + run_sh.proc.stderr[-3000:]
     assert "VERDICT: PASS" in run_sh.proc.stdout
-    assert run_sh.proc.stdout.count("PASS  (") == 5  # (a) to (e)
+    assert run_sh.proc.stdout.count("PASS  (") == len(CRITERIA)  # (a) to (e)
 
 
 def test_run_sh_keeps_both_logs(run_sh):

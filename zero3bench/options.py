@@ -31,7 +31,8 @@ SUGGEST_CUTOFF = 0.8  # how alike a mistyped option and a suggestion must be: di
 # DeepCompile's default schedule compiles again after deepspeed.compile.init_z3.WARMUP (5) steps: at step 6 here
 DEEPCOMPILE_RECOMPILE_STEP = 6
 # The first steps train on the same rows (train_gpt.get_batch), and verdict (c) judges that the loss falls at
-# each of them: training on one batch must lower its loss, whatever the batch ("overfit one batch").
+# each of them: training on one batch must lower its loss, whatever the batch ("overfit one batch"). Training
+# draws its batches by it, so it stays here and train_gpt.py imports nothing of reporting/.
 SAME_ROWS_STEPS = 3
 # fp16's dynamic loss scaler skips a step whose gradients overflow: a run trains until --steps steps have been
 # applied, skipping at most this many besides. DeepSpeed's scale starts at 2^16 and halves from the second
@@ -335,7 +336,8 @@ def how_read(args, world, section, scheduler, sources):
 
 def first_timed_step(deepcompile, stage):
     """Step 1 pays for allocations, kernel selection and ZeRO-3's first trace. DeepCompile at stage 3 compiles at
-    step 1 and again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps."""
+    step 1 and again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps. The options check --steps
+    against it and RankResult times from it; the verdict does not ask it, so it is the options', not reporting's."""
     return DEEPCOMPILE_RECOMPILE_STEP + 1 if deepcompile and stages.shards_params(stage) else 2
 
 

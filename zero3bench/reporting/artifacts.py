@@ -7,6 +7,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -68,8 +69,7 @@ def summary(folder, runs, checks, overall, verdict_at):
         "commands": {name: read_command(Path(folder) / f"{name}.log") for name in runs},
         "environment": run_environment(runs),
         "verdict": overall,
-        "checks": {scope: [{"criterion": n, "status": s, "detail": d} for n, s, d in rows]
-                   for scope, rows in checks.items()},
+        "checks": {scope: [asdict(check) for check in rows] for scope, rows in checks.items()},
         "timing": timing(folder, runs, verdict_at),
         "results": {name: [as_dict(r) for r in rs] for name, rs in runs.items()},
     }

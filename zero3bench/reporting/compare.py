@@ -4,9 +4,9 @@ tables.COMPARISON, so that a new label changes nothing), and the regressions bey
 """
 from zero3bench.formatting import fmt, format_table, signed_pct
 
+from .bounds import SAME_IN_BOTH
 from .reading import load_runs, status
 from .tables import ROWS
-from .verdict import SAME_IN_BOTH
 
 # the figures that --compare follows, by key, and what a regression is: a rise or a fall (none for losses)
 TRACKED = {"model_states": "rise", "peak_memory": "rise", "first_loss": None, "last_loss": None,

@@ -8,8 +8,9 @@ from typing import Callable, Optional
 from zero3bench.formatting import fmt, format_table, other_bytes, relative_error, size
 from zero3bench.stages import ZERO3
 
+from .bounds import SAME_COMPILED_OR_NOT
 from .reading import failed, first, most, offloads, pairs, peer, plain, reference_rank, speed_not_measured, status
-from .verdict import SAME_COMPILED_OR_NOT, loss_gaps
+from .verdict import loss_gaps
 
 # The directions of a ratio, as words: what the second run's figure is when it is below the first's, and above.
 SMALLER, FASTER, LOWER = ("less", "more"), ("slower", "faster"), ("lower", "higher")
