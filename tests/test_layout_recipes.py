@@ -85,7 +85,8 @@ def test_a_new_measured_figure_is_its_field_and_one_row(tmp_path, capsys, monkey
     monkeypatch.setattr(reading, "RankResult", BuiltResult)
     monkeypatch.setattr(result, "FIELDS", result.FIELDS | {"build_s"})
     # 3. a row of COMPARISON
-    row = ("build_s", "build s", lambda rs: most(r.build_s for r in rs), ".1f", tables.FASTER[::-1], False, True)
+    row = tables.Row("build_s", "build s", lambda rs: most(r.build_s for r in rs), ".1f", tables.FASTER[::-1],
+                     speed=True)
     monkeypatch.setattr(tables, "COMPARISON", [*tables.COMPARISON, row])
     status, out, record = reported(folder, capsys)
     assert status == 0
