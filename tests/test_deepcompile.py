@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import deepspeed.compile.init_z3
 import pytest
 
-from zero3bench import options, result
+from zero3bench import options, result, stages
 import report
 from zero3bench.reporting import reading
 from conftest import ROOT, assert_refused, facts, planted
@@ -145,5 +145,5 @@ def test_a_compiled_run_that_trains_another_model_fails_the_verdict(fsdp2_peer, 
 
 
 def test_the_deepcompile_config_changes_only_the_compiler():
-    eager, compiled = (json.loads((ROOT / f"ds_config_stage3{name}.json").read_text()) for name in ("", "_deepcompile"))
+    eager, compiled = (json.loads(stages.config_path(name).read_text()) for name in ("3", "3_deepcompile"))
     assert compiled.pop("compile") == {"deepcompile": True} and compiled == eager
