@@ -22,6 +22,7 @@ from pathlib import Path
 import deepspeed
 import psutil
 import torch
+from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from zero3bench import compat
 from zero3bench.options import MAX_RANKS, BadInput
@@ -176,6 +177,14 @@ def forget_priming_step(optimizer):
 UNSCALED_FP16_BACKWARD_UNTIL = (0, 19, 8)
 
 
+def leaves_fp16_loss_unscaled(version: str) -> bool:
+    """Whether a DeepSpeed of this version is one of those read to leave the loss unscaled."""
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:3]) <= UNSCALED_FP16_BACKWARD_UNTIL
+
+
+FP16_BACKWARD_UNSCALED = leaves_fp16_loss_unscaled(deepspeed.__version__)  # the installed one's, asked once
+
+
 def loss_scale(engine):
     """fp16's loss scale now: ZeRO's optimizers keep it as cur_scale, the 16-bit ones without ZeRO in
     loss_scale_config (DeepSpeed 0.19.3 to 0.19.8)."""
@@ -189,10 +198,8 @@ def unscaled_fp16_backward(engine):
     stage 0's FP16 optimizers divide the gradients by it at the step: its gradients came out 1/loss-scale of their
     size and were never clipped (on an H200, stage 0 then trailed stage 3 by 3% at step 3; on CPU ranks the norm
     that it clipped with was the true norm over the loss scale)."""
-    from deepspeed.runtime.base_optimizer import ZeROOptimizer
-    installed = tuple(int(part) for part in re.findall(r"\d+", deepspeed.__version__)[:3])
     fp16 = getattr(engine, "fp16_enabled", lambda: False)()  # FSDP2's engine trains bf16 or fp32 only
-    if fp16 and not isinstance(engine.optimizer, ZeROOptimizer) and installed <= UNSCALED_FP16_BACKWARD_UNTIL:
+    if FP16_BACKWARD_UNSCALED and fp16 and not isinstance(engine.optimizer, ZeROOptimizer):
         return (", the fp16 loss scaled before engine.backward, which leaves it unscaled without ZeRO "
                 "(DeepSpeed PR #8393)")
     return ""
