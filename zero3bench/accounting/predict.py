@@ -145,6 +145,15 @@ def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deeps
     return MASTER_BYTES * min(shard, sub_group or shard)
 
 
+def overflow_check_bytes(stage, engine, dtype, shard):
+    """What stage 3's fp16 overflow check makes before each step (stage3.py, has_overflow): torch.isinf of the
+    flat gradient partition, which torch computes as abs(x) == inf, a 16-bit copy and a bool mask of it at once
+    (isnan's mask comes after). On one H200, fp16 at 2 rehearsed ranks (26-off-default) peaked 1.968 GB above
+    what the rank held, against the 3 x 656.9M elements of its partition, 1.971 GB; bf16 checks nothing, and
+    stages 0 to 2 check through DeepSpeed's has_inf_or_nan, which reduces first."""
+    return (WIDTH[dtype] + 1) * shard if dtype == "fp16" and shards_params(stage) and engine == "deepspeed" else 0
+
+
 def frees_grads(stage, engine):
     """Whether the gradients are freed after each step and made anew in backward, rather than kept in a buffer:
     so at the H200 runs (benchmarks/logs/h200/24-peaks: memory allocated after a step) by FSDP2 (zero_grad sets
@@ -238,12 +247,13 @@ def peak_bytes(m):
       and the first block's activations, whose backward comes last;
     - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
     - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
-      (transient).
+      (transient), or, before it, stage 3's fp16 overflow check (overflow_check).
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
     return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
                            m["freed_grads"] + m["gathered"] + m["last_block"],
-                           m["reduced_grads"] + m["reduction"], m["partition_grads"] + m["transient"])
+                           m["reduced_grads"] + m["reduction"],
+                           m["partition_grads"] + max(m["transient"], m["overflow_check"]))
 
 
 def reduced_grads_bytes(stage, dtype, freed, transient):
@@ -313,7 +323,7 @@ def step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape,
     buckets = grad_bucket_bytes(stage, engine, WIDTH[dtype], zero) if partitioned(stage, "grads") else 0
     return {"reduction": reduction, "backward_buckets": buckets,
             "reduced_grads": reduced_grads_bytes(stage, dtype, freed, transient), "partition_grads": partition,
-            "transient": transient}
+            "transient": transient, "overflow_check": overflow_check_bytes(stage, engine, dtype, shard)}
 
 
 def shares(states, whole):
