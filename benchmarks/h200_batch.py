@@ -24,7 +24,7 @@ BUDGET_GIB = 128  # of the H200's 139: the CUDA contexts of up to a dozen ranks,
 BATCHES = {
     "verdict": {  # issue 31's matrix: each row a stage-0/stage-3 pair at the same ranks
         "fp16_rehearsal": (100, 170, "--dtype fp16"),  # the seconds as measured in the first call
-        "model_2.7b": (96, 150, "--ranks 2 --model 2.7b"),
+        "model_2.7b": (100, 150, "--ranks 2 --model 2.7b"),  # 49.65 GiB a rank at stage 0
         "mb8_no_checkpoint": (72, 180, "--ranks 2 --micro-batch 8 --no-checkpoint"),
         "offload": (52, 240, '--ranks 2 --stages "0 3 3_offload"'),
         "original_design": (56, 240, '--ranks 2 --stages "0_original 3_original"'),
@@ -58,6 +58,10 @@ BATCHES = {
 # what the first call of the verdict and peak batches left unrun, after the fp16 fix (31a6fe3)
 BATCHES["rest"] = {name: {**BATCHES["verdict"], **BATCHES["peaks"]}[name] for name in (
     "fp16_rehearsal", "s3_r1", "model_2.7b", "compile", "offload", "original_design", "mb8_no_checkpoint")}
+# what no call had run by 597284a, in the order of their issues (31's matrix, then 33's): the rest of a device call
+# that ran the test suite first, then one of its own
+BATCHES["unrun"] = {name: {**BATCHES["verdict"], **BATCHES["peaks"]}[name] for name in (
+    "model_2.7b", "s3_r1", "mb8_no_checkpoint", "offload", "original_design", "compile", "r8")}
 
 
 def launch(out: Path, name: str, args: str, limit_s: float) -> subprocess.Popen:

@@ -12,15 +12,15 @@ export RESULTS=$out/results PYTHONUNBUFFERED=1
 ds() { local name=$1; shift; timeout 300 deepspeed --num_gpus 1 train_gpt.py "$@" > "$out/$name.log" 2>&1; echo "$name: exit $?"; }
 for group in "$@"; do
   case $group in
-    tests)  # the README's test command as a new user runs it (no RESULTS), the GPUs it saw at the top; interrupted short
-            # of the device call's 10 minutes (SIGINT: pytest still prints its summary), so that what ran stays in the
-            # log; then the GPU launches' results folders, as OUT_DIR/gpu_launches.tgz
-      { nvidia-smi -L; echo "PYTEST_ADDOPTS=${PYTEST_ADDOPTS:-}"
-        echo "\$ python3 -m pip install -r requirements.txt pytest && python3 -m pytest -q tests"
-        time env -u RESULTS timeout -s INT -k 20 550 bash -c 'python3 -m pip install -r requirements.txt pytest && python3 -m pytest -q tests'; } \
-        > "$out/tests.txt" 2>&1; echo "tests: exit $?"
+    tests)  # the README's test command, read from it and run as a new user runs it (no RESULTS), the GPUs it saw at
+            # the top; interrupted short of the device call's 10 minutes (SIGINT: pytest still prints its summary), so
+            # that what ran stays in the log; then the results folders of the GPU launches (tests/test_gpu.py)
+      command=$(grep -m 1 -x 'python3 -m pip install .* tests' README.md)
+      { nvidia-smi -L; echo "PYTEST_ADDOPTS=${PYTEST_ADDOPTS:-}"; echo "\$ $command"
+        time env -u RESULTS timeout -s INT -k 20 "${SUITE_S:-550}" bash -c "$command"; } > "$out/tests.txt" 2>&1
+      echo "tests: exit $?"
       launched=/tmp/pytest-of-$(id -un)/pytest-current
-      tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && ls -d gpu_*) ;;
+      tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && find . -maxdepth 2 -name 'gpu_*') ;;
     env)
       { nvidia-smi; python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'deepspeed', deepspeed.__version__)"
         echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}"; nproc; free -g; } > "$out/env.txt" 2>&1

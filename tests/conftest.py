@@ -3,11 +3,14 @@ CPU's defaults (the tiny model, 256 tokens of context, 2 CPU processes) hold on 
 is emptied here before torch is imported, and again as every Python process the suite starts begins
 (tests/no_gpus/sitecustomize.py on PYTHONPATH), since the deepspeed launcher gives its ranks GPUs 0..N-1 back.
 
-Shared launches: each costs seconds of start-up on a CPU, so each runs once per test session and
-the tests read its logs. Those of the tests marked gpu (GPU_LAUNCHES) start, one after another, as soon as the
-suite is collected, and run while the CPU's tests do; the tests marked gpu run last."""
+Shared launches: each costs seconds of start-up on a CPU, so each runs once per test session (@shared), also
+under pytest-xdist (the README's `-n auto --dist loadgroup`): the first worker that asks for one launches it, and
+the others wait for it and read what it left. The tests marked gpu run together on one worker (tests/test_gpu.py)."""
+import fcntl
+import functools
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -17,20 +20,51 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
 import psutil
 import pytest
 
-# before anything imports torch (the rule above)
-AS_LAUNCHED = dict(os.environ)  # the environment the suite was started in: the tests marked gpu launch in it
+# before anything imports torch (the rule above). A pytest-xdist worker inherits its controller's environment, in
+# which this has already run: the variables as the suite was started with them travel in STARTED_WITH.
+STARTED_WITH = "ZERO3_TESTS_STARTED_WITH"
+_started = json.loads(os.environ.setdefault(STARTED_WITH, json.dumps(
+    {name: os.environ.get(name) for name in ("CUDA_VISIBLE_DEVICES", "PYTHONPATH")})))
+AS_LAUNCHED = {name: value for name, value in {**os.environ, **_started}.items() if value is not None}
 NO_GPUS = Path(__file__).resolve().parent / "no_gpus"
 os.environ.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(filter(None, [str(NO_GPUS),
-                                                                                     os.environ.get("PYTHONPATH")])))
+                                                                                     _started["PYTHONPATH"]])))
 # a launch of a test marked gpu runs on one GPU, the first of those the suite was started with
 ONE_GPU = {"CUDA_VISIBLE_DEVICES": (AS_LAUNCHED.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]}
+
+
+def shared(fixture):
+    """A session fixture whose value is made once per test session, also across pytest-xdist's workers: under
+    xdist the first worker to ask makes it (under a lock in the workers' common folder) and pickles it there, and
+    the others wait for it and read it, an exception included. The fixture takes tmp_path_factory."""
+    @functools.wraps(fixture)
+    def once(**fixtures):
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            return fixture(**fixtures)
+        made = fixtures["tmp_path_factory"].getbasetemp().parent / f"shared-{fixture.__name__}.pickle"
+        with open(f"{made}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not made.exists():
+                made.write_bytes(pickle.dumps(outcome(fixture, fixtures)))
+        value, error = pickle.loads(made.read_bytes())
+        if error is not None:
+            raise error
+        return value
+    return pytest.fixture(scope="session")(once)
+
+
+def outcome(fixture, fixtures):
+    """(value, None) or (None, the exception it raised, a skip among them)."""
+    try:
+        return fixture(**fixtures), None
+    except BaseException as e:  # noqa: BLE001 -- every worker that asks must see the same outcome
+        return None, e
 
 
 def gpus_as_launched() -> int:
@@ -41,39 +75,15 @@ def gpus_as_launched() -> int:
     return int(probe.stdout.strip()) if probe.returncode == 0 else 0
 
 
-# the launches of the tests marked gpu, by fixture name: run.sh's arguments, on one GPU, in this order
-GPU_LAUNCHES = {
-    "gpu_sweep": ("--ranks", "1 2"),  # the 1.3b model at stages 0 and 3, on 1 rank and on 2 rehearsed
-    "gpu_default": (),  # as the README's first command runs it
-    # where DeepSpeed's loss scaler skips the steps whose gradients overflow (at stage 3 the first 3 of them)
-    "gpu_fp16": ("--ranks", "2", "--dtype", "fp16"),
-}
-
-
 def pytest_collection_modifyitems(config, items):
     on_gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if on_gpu and not gpus_as_launched():
+    if on_gpu and not config.option.collectonly and not gpus_as_launched():
         for item in on_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a GPU, and torch sees none on this machine"))
-    elif on_gpu and not config.option.collectonly:
-        items[:] = [item for item in items if item not in on_gpu] + on_gpu
-        needed = [name for name in GPU_LAUNCHES if any(name in item.fixturenames for item in on_gpu)]
-        config.gpu_launches = start_gpu_launches(config._tmp_path_factory, needed)
-
-
-def start_gpu_launches(tmp_path_factory, names):
-    """{name: the future of its run_sh_once}: one at a time, since together their ranks would not fit one GPU."""
-    one_at_a_time = ThreadPoolExecutor(max_workers=1)
-    launches = {name: one_at_a_time.submit(run_sh_once, tmp_path_factory, name, *GPU_LAUNCHES[name], gpus=True)
-                for name in names}
-    one_at_a_time.shutdown(wait=False)
-    return launches
 
 
 def pytest_sessionfinish(session):
-    """An interrupted suite leaves no launch behind, the one under way in the background included."""
-    for future in getattr(session.config, "gpu_launches", {}).values():
-        future.cancel()
+    """An interrupted suite leaves no launch behind."""
     for leftover in run_processes(LAUNCH_MARKERS, "ZERO3_TEST_LAUNCH"):
         leftover.kill()
     shutil.rmtree(LAUNCH_MARKERS, ignore_errors=True)
@@ -203,7 +213,7 @@ def planted(folder, tmp_path, name, edit):
     return copy
 
 
-@pytest.fixture(scope="session")
+@shared
 def run_sh(tmp_path_factory):
     """`bash run.sh` end to end: on a machine without GPUs, the tiny model on 2 gloo ranks, stage 0 then 3."""
     return run_sh_once(tmp_path_factory, "results")
@@ -219,7 +229,7 @@ def stage3(run_sh):
     return run_sh.runs["stage3"]
 
 
-@pytest.fixture(scope="session")
+@shared
 def stage3_torchrun_3_ranks(tmp_path_factory):
     """Stage 3 under torchrun with an odd world size, where shards need padding."""
     log = tmp_path_factory.mktemp("torchrun") / "stage3.log"
@@ -228,7 +238,7 @@ def stage3_torchrun_3_ranks(tmp_path_factory):
     return SimpleNamespace(proc=proc, records=json_results(log))
 
 
-@pytest.fixture(scope="session")
+@shared
 def single_process(tmp_path_factory):
     """Plain `python train_gpt.py`, one process and no launcher, at stage 0 and stage 3."""
     folder = tmp_path_factory.mktemp("single")
@@ -237,7 +247,7 @@ def single_process(tmp_path_factory):
     return SimpleNamespace(procs=procs, folder=folder, runs=json_runs(folder))
 
 
-@pytest.fixture(scope="session")
+@shared
 def fp32(tmp_path_factory):
     """Both stages in fp32 on 2 ranks, where the two should follow the same trajectory to rounding."""
     folder = tmp_path_factory.mktemp("fp32")
@@ -247,7 +257,7 @@ def fp32(tmp_path_factory):
     return SimpleNamespace(procs=procs, folder=folder, runs=json_runs(folder))
 
 
-@pytest.fixture(scope="session")
+@shared
 def failing_config(tmp_path_factory):
     """A launch that DeepSpeed itself refuses once the process group has started: an optimizer that the
     input checks let through (torch.optim has it) but that ZeRO has not tested."""
@@ -261,13 +271,13 @@ def failing_config(tmp_path_factory):
     return SimpleNamespace(proc=proc, records=json_results(log))
 
 
-@pytest.fixture(scope="session")
+@shared
 def sweep(tmp_path_factory):
     """`bash run.sh --ranks "1 2"`: both stages at two world sizes, in one results folder."""
     return run_sh_once(tmp_path_factory, "sweep", "--ranks", "1 2")
 
 
-@pytest.fixture(scope="session")
+@shared
 def other_stages(tmp_path_factory):
     """`bash run.sh --stages "0 1 2 3 3_offload 3_infinity"`: every stage, ZeRO-Offload and ZeRO-Infinity
     (parameters and optimizer in host memory) on 2 CPU ranks. The first offload run JIT-builds DeepSpeed's
@@ -275,13 +285,13 @@ def other_stages(tmp_path_factory):
     return run_sh_once(tmp_path_factory, "stages", "--stages", "0 1 2 3 3_offload 3_infinity")
 
 
-@pytest.fixture(scope="session")
+@shared
 def fsdp2_peer(tmp_path_factory):
     """`bash run.sh --stages 3 --peer fsdp2`: stage 3, then the same training through PyTorch's FSDP2."""
     return run_sh_once(tmp_path_factory, "peer", "--stages", "3", "--peer", "fsdp2")
 
 
-@pytest.fixture(scope="session")
+@shared
 def memory_cap(tmp_path_factory):
     """`bash run.sh --model small --max-mem-gib 1.75 --stages "0 3"`: a 101M-parameter model that, under the
     cap, only stage 3 can train on 2 CPU ranks (it needs 1.35-1.5 GiB, stage 0 2.0-2.1: benchmarks/logs/cpu-cap).
@@ -296,7 +306,7 @@ def memory_cap(tmp_path_factory):
 HUNG_TIMEOUT_S = 15  # train_gpt.py --timeout-s of the hung run
 
 
-@pytest.fixture(scope="session")
+@shared
 def hung_rank(tmp_path_factory):
     """A 2-rank stage-3 run under the deepspeed launcher whose rank 1 is stopped (SIGSTOP) once step 3 is
     logged, as if it hung. Returns the launcher's exit status (None if it never ended), the seconds from the
@@ -337,7 +347,7 @@ def hung_rank(tmp_path_factory):
             buffer.unlink(missing_ok=True)
 
 
-@pytest.fixture(scope="session")
+@shared
 def original_design(tmp_path_factory):
     """The original design's config as it stands there (benchmarks/original_design.json) on 2 CPU ranks, with
     its fp16 section made bf16, which CPUs have: train_batch_size 8, DeepSpeed's AdamW, 5e8-element buckets.
@@ -352,7 +362,7 @@ def original_design(tmp_path_factory):
     return SimpleNamespace(proc=proc, records=json_results(log))
 
 
-@pytest.fixture(scope="session")
+@shared
 def planted_faults(tmp_path_factory, run_sh):
     """Results folders that pair run_sh's healthy stage-0 log with a stage-3 run carrying one planted fault
     (tests/plant_fault.py), and, for a rate of 0, a stage-0 run with it too, so that the two stages agree."""
@@ -423,13 +433,13 @@ def shared_memory_of(folder):
     return list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 
-@pytest.fixture(scope="session")
+@shared
 def ctrl_c(tmp_path_factory):
     """Ctrl-C at a terminal: SIGINT to run.sh's whole process group, during stage 0 of stages 0 and 3."""
     return run_sh_signalled(tmp_path_factory, "ctrl_c", lambda proc, _: os.killpg(proc.pid, signal.SIGINT))
 
 
-@pytest.fixture(scope="session")
+@shared
 def sigterm(tmp_path_factory):
     """A scheduler's SIGTERM to run.sh alone, during stage 3."""
     return run_sh_signalled(tmp_path_factory, "sigterm", lambda proc, _: proc.terminate(), "--stages", "3")
@@ -441,7 +451,7 @@ def kill_rank_1(proc, results):
     rank1.kill()
 
 
-@pytest.fixture(scope="session")
+@shared
 def rank_killed(tmp_path_factory):
     """SIGKILL to rank 1 during stage 3."""
     return run_sh_signalled(tmp_path_factory, "killed", kill_rank_1, "--stages", "3")
@@ -491,7 +501,7 @@ def squat(folder, held):
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
+@shared
 def pipe_and_caller(tmp_path_factory):
     """`bash run.sh --ranks 1 | head -n 4` as a PyTorchJob pod's shell would run it: RANK=1 WORLD_SIZE=2 and a
     master inherited, and a listener that takes stage 0's port as soon as stage 0 ends."""
@@ -518,7 +528,7 @@ def killed_group(seconds):
     return act
 
 
-@pytest.fixture(scope="session")
+@shared
 def group_killed(tmp_path_factory):
     """`kill -KILL -<pgid>` of run.sh during stage 3, which no trap can see."""
     seconds = []

@@ -52,6 +52,12 @@ def test_every_option_the_readme_names_is_taken(options_taken):
     assert named and sorted(named - options_taken) == []
 
 
+def test_ci_runs_the_readmes_test_command_as_it_is_written():
+    [command] = [line for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S) for line in block.splitlines()
+                 if "pytest" in line]
+    assert command in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
 def test_every_file_the_readme_names_is_in_the_repository():
     named = {path for span in code_spans() for path in repo_paths(span)}
     assert named and sorted(p for p in named if not list(ROOT.glob(p.rstrip("/")))) == []

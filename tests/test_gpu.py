@@ -2,10 +2,13 @@
 on any machine against an emulated one; and what only a GPU shows, in the tests marked gpu, which launch as a user
 would, on one GPU, and are skipped where torch sees none.
 
-The GPU launches (conftest.GPU_LAUNCHES) start as the suite begins and run beside the CPU's tests: together they
-must leave the whole suite within one 10-minute run on one H200."""
+The tests marked gpu run on one worker of pytest-xdist's (xdist_group "gpu"), which the scheduler starts first,
+as the largest group but the launchers': their launches (GPU_LAUNCHES) run while the other workers take the CPU's
+tests, and together they must leave the whole suite within one 10-minute run on one H200."""
+import functools
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor, wait
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +18,7 @@ from deepspeed.accelerator import real_accelerator
 from zero3bench import launches, options
 from zero3bench.accounting.shapes import PRESETS
 from zero3bench.reporting.verdict import CRITERIA
-from conftest import run
+from conftest import run, run_sh_once
 from zero3bench.machine import free_port
 from test_accounting import PEAK_TOLERANCE
 
@@ -90,18 +93,46 @@ def test_every_process_that_the_suite_launches_sees_no_gpu(launcher, tmp_path):
 # -----------------------------------------------------------------------------
 # what only a GPU shows: the launches, on one GPU
 
-gpu = pytest.mark.gpu
+def gpu(test):
+    """Marked gpu, and kept on one pytest-xdist worker with the other tests so marked: they share the GPU's launches."""
+    return pytest.mark.xdist_group("gpu")(pytest.mark.gpu(test))
+
+
+# the launches of the tests marked gpu, by fixture name: run.sh's arguments, on one GPU
+GPU_LAUNCHES = {
+    "gpu_sweep": ("--ranks", "1 2"),  # the 1.3b model at stages 0 and 3, on 1 rank and on 2 rehearsed
+    # where DeepSpeed's loss scaler skips the steps whose gradients overflow (at stage 3 the first 3 of them)
+    "gpu_fp16": ("--ranks", "2", "--dtype", "fp16"),
+    "gpu_default": (),  # as the README's first command runs it
+}
+SIDE_BY_SIDE = ("gpu_sweep", "gpu_fp16")  # their stage-0 runs peak at about 49 and 50 GiB; gpu_default's at 98
+
+
+@pytest.fixture(scope="module")
+def gpu_launches(tmp_path_factory):
+    """{name: the future of its run_sh_once}, started as the first test marked gpu asks: SIDE_BY_SIDE together,
+    then gpu_default alone, so that no two fill the GPU's memory at once."""
+    launch = functools.partial(run_sh_once, tmp_path_factory, gpus=True)
+    pool = ThreadPoolExecutor(max_workers=len(SIDE_BY_SIDE))
+    together = {name: pool.submit(launch, name, *GPU_LAUNCHES[name]) for name in SIDE_BY_SIDE}
+
+    def alone():
+        wait(together.values())
+        return launch("gpu_default", *GPU_LAUNCHES["gpu_default"])
+    futures = {**together, "gpu_default": pool.submit(alone)}
+    pool.shutdown(wait=False)
+    return futures
 
 
 def launched(name):
-    """The fixture of a GPU launch that conftest started as the suite began (GPU_LAUNCHES): waits for its end."""
+    """The fixture of a GPU launch (gpu_launches): waits for its end."""
     @pytest.fixture(scope="module", name=name)
-    def fixture(request):
-        return request.config.gpu_launches[name].result()
+    def fixture(gpu_launches):
+        return gpu_launches[name].result()
     return fixture
 
 
-gpu_sweep, gpu_default, gpu_fp16 = map(launched, ["gpu_sweep", "gpu_default", "gpu_fp16"])
+gpu_sweep, gpu_fp16, gpu_default = map(launched, GPU_LAUNCHES)
 
 
 def records_at(runs, world_size):

@@ -19,6 +19,8 @@ from launchers import real
 from zero3bench.reporting import reading
 
 LAUNCHERS = ("srun", "mpirun", "deepspeed", "torchrun")
+# on one pytest-xdist worker: the engines are started once, and the launches through them shared lazily
+pytestmark = pytest.mark.xdist_group("launchers")
 
 
 def tiny_tensors():

@@ -2,15 +2,13 @@
 only the gathered elements mean anything (CPU memory is not counted), so these tests hold it to those."""
 import csv
 
-import pytest
-
-from conftest import run
+from conftest import run, shared
 from zero3bench.machine import free_port
 
 STEPS = 2
 
 
-@pytest.fixture(scope="module")
+@shared
 def timeline(tmp_path_factory):
     out = tmp_path_factory.mktemp("timeline")
     proc = run(["deepspeed", "--num_gpus", "2", "--master_port", str(free_port()), "benchmarks/memory_timeline.py",

@@ -11,7 +11,7 @@ import pytest
 import report
 from zero3bench import result
 from zero3bench.reporting import defects, reading, theory, verdict
-from conftest import ROOT, facts, free_port, planted, run
+from conftest import ROOT, facts, free_port, planted, run, shared
 
 GIB = 2**30
 OLDEST = ROOT / "benchmarks" / "logs" / "h200" / "25-oldest"
@@ -125,7 +125,7 @@ def test_fp16_c_judges_the_first_3_applied_steps(run_sh, tmp_path, capsys):
     assert [row.split()[-2:] for row in out.splitlines() if row.startswith("skipped steps")] == [["0", "3"]]
 
 
-@pytest.fixture(scope="module")
+@shared
 def skipped_3(run_sh, tmp_path_factory):
     """Stage 3 with its first 3 optimizer steps skipped (tests/plant_fault.py skip_3, as fp16's loss scaler skips
     on overflow) beside run_sh's healthy stage 0."""
