@@ -105,9 +105,10 @@ def test_a_config_that_is_a_folder_is_named_as_one(tmp_path, monkeypatch, capsys
 
 
 @pytest.fixture
-def read_only_home(tmpfs, monkeypatch, tmp_path):
+def read_only_home(tmpfs, monkeypatch, tmp_path, run_sh):
     """A home folder mounted read-only as HOME (a tmpfs, which holds nothing of value if left mounted), with a
-    copy of the ops that this environment built, and a fresh temp dir."""
+    copy of the ops that this environment built (run_sh's ranks build them, if no launch before did), and a fresh
+    temp dir."""
     built = machine.extensions_folder()
     home = tmpfs(sum(-(-f.stat().st_size // 4096) * 4096 for f in built.rglob("*") if f.is_file()) + 2**20)
     shutil.copytree(built, home / built.relative_to(Path.home()), symlinks=True)

@@ -64,8 +64,8 @@ def test_run_sh_shows_one_screen_ending_with_the_results_folder(run_sh):
 
 def test_each_ratio_says_which_side_it_favours(run_sh):
     table = run_sh.proc.stdout
-    assert re.search(r"model states .* 2\.00x less", table)
-    assert re.search(r"tokens/s \* .* (same|\d\.\d\dx (faster|slower))", table)
+    assert re.search(r"model states .* 2\.00x less", table), table
+    assert re.search(r"tokens/s \* .* (same|\d+\.\d\dx (faster|slower))", table), table
 
 
 def test_no_ratio_is_given_against_next_to_nothing():

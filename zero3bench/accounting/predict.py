@@ -154,6 +154,19 @@ def overflow_check_bytes(stage, engine, dtype, shard):
     return (WIDTH[dtype] + 1) * shard if dtype == "fp16" and shards_params(stage) and engine == "deepspeed" else 0
 
 
+def offloaded_grad_bytes(stage, engine, width, largest, world, offloaded):
+    """Stage 3 with its optimizer on the host, at the end of backward: the embedding's gradient partition (the
+    largest tensor's, whose backward comes last and, the weight being tied, adds to its gradient from the output
+    layer) before it leaves for the host, 12 bytes an element in bf16 (4 x width + 4): the gradient and the one
+    added to it, the flat copy that reduce_scatter_coalesced makes, its copy back from the pinned host buffer
+    (stage3.py, partition_grads) and that copy's fp32 cast (_offload_grad_partition_at_boundary). Fitted on one
+    H200 (26-off-default/4-rest and 27-suite-matrix: 1.3b, one rank, 1.236 GB above what the rank held, against
+    12 x 103.0M elements, 1.236 GB)."""
+    if not (offloaded and shards_params(stage) and engine == "deepspeed"):
+        return 0
+    return (4 * width + MASTER_BYTES) * math.ceil(largest / world)
+
+
 def frees_grads(stage, engine):
     """Whether the gradients are freed after each step and made anew in backward, rather than kept in a buffer:
     so at the H200 runs (benchmarks/logs/h200/24-peaks: memory allocated after a step) by FSDP2 (zero_grad sets
@@ -239,7 +252,7 @@ WORKSPACE_BYTES = 72 * 10**6
 
 
 def peak_bytes(m):
-    """A rank's peak, the most of four moments, on top of what it holds throughout (m["held"]: the model states
+    """A rank's peak, the most of its moments, on top of what it holds throughout (m["held"]: the model states
     and buffers, less the gradients it frees between steps, and the workspace); m: rank_memory's terms.
     - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes), the
       activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
@@ -247,12 +260,14 @@ def peak_bytes(m):
       and the first block's activations, whose backward comes last;
     - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
     - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
-      (transient), or, before it, stage 3's fp16 overflow check (overflow_check).
+      (transient), or, before it, stage 3's fp16 overflow check (overflow_check);
+    - with the optimizer offloaded, the embedding's gradient on its way to the host (offloaded_grad), once the
+      blocks' activations are freed.
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
     return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
                            m["freed_grads"] + m["gathered"] + m["last_block"],
-                           m["reduced_grads"] + m["reduction"],
+                           m["reduced_grads"] + m["reduction"], m["offloaded_grad"],
                            m["partition_grads"] + max(m["transient"], m["overflow_check"]))
 
 
@@ -323,7 +338,8 @@ def step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape,
     buckets = grad_bucket_bytes(stage, engine, WIDTH[dtype], zero) if partitioned(stage, "grads") else 0
     return {"reduction": reduction, "backward_buckets": buckets,
             "reduced_grads": reduced_grads_bytes(stage, dtype, freed, transient), "partition_grads": partition,
-            "transient": transient, "overflow_check": overflow_check_bytes(stage, engine, dtype, shard)}
+            "transient": transient, "overflow_check": overflow_check_bytes(stage, engine, dtype, shard),
+            "offloaded_grad": offloaded_grad_bytes(stage, engine, WIDTH[dtype], largest, world, offloaded)}
 
 
 def shares(states, whole):
