@@ -58,6 +58,17 @@ BATCHES = {
 # what the first call of the verdict and peak batches left unrun, after the fp16 fix (31a6fe3)
 BATCHES["rest"] = {name: {**BATCHES["verdict"], **BATCHES["peaks"]}[name] for name in (
     "fp16_rehearsal", "s3_r1", "model_2.7b", "compile", "offload", "original_design", "mb8_no_checkpoint")}
+# the 2.7b model's rate, at stage 3 alone (stage 0 agreed with it to 0.09% at 3e-6, 2 ranks, where it rose at step
+# 3: 11.322, 7.773, 8.059); and stage 3 offloaded where the embedding's gradient is its peak, on runs that the
+# offload term (predict.offloaded_grad_bytes) was not fitted to
+BATCHES["probe2"] = {
+    "lr2.5e-6_2.7b_r2": (46, 100, "--ranks 2 --model 2.7b --stages 3 --lr 2.5e-6"),
+    "lr3.5e-6_2.7b_r2": (46, 100, "--ranks 2 --model 2.7b --stages 3 --lr 3.5e-6"),
+    "lr2.5e-6_2.7b_r1": (42, 70, "--ranks 1 --model 2.7b --stages 3 --lr 2.5e-6"),
+    "lr3.5e-6_2.7b_r1": (42, 70, "--ranks 1 --model 2.7b --stages 3 --lr 3.5e-6"),
+    "offload_mb1": (6, 60, "--ranks 1 --stages 3_offload --micro-batch 1"),
+    "offload_350m": (4, 60, "--ranks 1 --stages 3_offload --model 350m"),
+}
 # what no call had run by 597284a, in the order of their issues (31's matrix, then 33's): the rest of a device call
 # that ran the test suite first, then one of its own
 BATCHES["unrun"] = {name: {**BATCHES["verdict"], **BATCHES["peaks"]}[name] for name in (
