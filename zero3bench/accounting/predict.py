@@ -146,22 +146,16 @@ def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deeps
 
 
 def overflow_check_bytes(stage, engine, dtype, shard):
-    """What stage 3's fp16 overflow check makes before each step (stage3.py, has_overflow): torch.isinf of the
-    flat gradient partition, which torch computes as abs(x) == inf, a 16-bit copy and a bool mask of it at once
-    (isnan's mask comes after). On one H200, fp16 at 2 rehearsed ranks (26-off-default) peaked 1.968 GB above
-    what the rank held, against the 3 x 656.9M elements of its partition, 1.971 GB; bf16 checks nothing, and
-    stages 0 to 2 check through DeepSpeed's has_inf_or_nan, which reduces first."""
+    """Stage 3's fp16 overflow check (stage3.py, has_overflow): isinf of the gradient partition, as abs(x) == inf,
+    a 16-bit copy and a mask at once (26-off-default, 2 ranks: 1.968 GB over what was held, against 3 x 656.9M)."""
     return (WIDTH[dtype] + 1) * shard if dtype == "fp16" and shards_params(stage) and engine == "deepspeed" else 0
 
 
 def offloaded_grad_bytes(stage, engine, width, largest, world, offloaded):
-    """Stage 3 with its optimizer on the host, at the end of backward: the embedding's gradient partition (the
-    largest tensor's, whose backward comes last and, the weight being tied, adds to its gradient from the output
-    layer) before it leaves for the host, 12 bytes an element in bf16 (4 x width + 4): the gradient and the one
-    added to it, the flat copy that reduce_scatter_coalesced makes, its copy back from the pinned host buffer
-    (stage3.py, partition_grads) and that copy's fp32 cast (_offload_grad_partition_at_boundary). Fitted on one
-    H200 (26-off-default/4-rest and 27-suite-matrix: 1.3b, one rank, 1.236 GB above what the rank held, against
-    12 x 103.0M elements, 1.236 GB)."""
+    """Stage 3 with its optimizer on the host, at the end of backward: the tied embedding's gradient partition
+    on its way there, 4 x width + 4 bytes an element (its gradient and the one added to it, reduce_scatter's
+    flat copy, the copy back from the pinned host buffer and its fp32 cast: stage3.py, partition_grads). Fitted on
+    one H200 (1.3b, one rank, 26-off-default/4-rest and 27-suite-matrix): 1.236 GB against 12 x 103.0M elements."""
     if not (offloaded and shards_params(stage) and engine == "deepspeed"):
         return 0
     return (4 * width + MASTER_BYTES) * math.ceil(largest / world)
@@ -260,9 +254,7 @@ def peak_bytes(m):
       and the first block's activations, whose backward comes last;
     - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
     - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
-      (transient), or, before it, stage 3's fp16 overflow check (overflow_check);
-    - with the optimizer offloaded, the embedding's gradient on its way to the host (offloaded_grad), once the
-      blocks' activations are freed.
+      (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's gradient.
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
     return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
