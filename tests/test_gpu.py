@@ -112,6 +112,7 @@ SIDE_BY_SIDE = ("gpu_sweep", "gpu_fp16")  # their stage-0 runs peak at about 49 
 def gpu_launches(tmp_path_factory):
     """{name: the future of its run_sh_once}, started as the first test marked gpu asks: SIDE_BY_SIDE together,
     then gpu_default alone, so that no two fill the GPU's memory at once."""
+    tmp_path_factory.getbasetemp()  # made here, once: two threads that make it at once race (FileExistsError)
     launch = functools.partial(run_sh_once, tmp_path_factory, gpus=True)
     pool = ThreadPoolExecutor(max_workers=len(SIDE_BY_SIDE))
     together = {name: pool.submit(launch, name, *GPU_LAUNCHES[name]) for name in SIDE_BY_SIDE}
