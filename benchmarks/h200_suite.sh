@@ -20,7 +20,7 @@ for group in "$@"; do
         time env -u RESULTS timeout -s INT -k 20 "${SUITE_S:-550}" bash -c "$command"; } > "$out/tests.txt" 2>&1
       echo "tests: exit $?"
       launched=/tmp/pytest-of-$(id -un)/pytest-current
-      tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && find . -maxdepth 2 -name 'gpu_*') ;;
+      tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && find . -maxdepth 2 -type d -name 'gpu_*') ;;
     env)
       { nvidia-smi; python3 -c "import torch, deepspeed; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'deepspeed', deepspeed.__version__)"
         echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}"; nproc; free -g; } > "$out/env.txt" 2>&1

@@ -336,8 +336,13 @@ def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
 LOGS = stages.ROOT / "benchmarks" / "logs"
 PEAK_RUNS = LOGS / "h200" / "24-peaks" / "results"
 PEAK_TOLERANCE = 0.05
-# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss: none.
-PEAK_MISSES = {}
+# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss. The 350m model
+# with its optimizer offloaded, on one rank: 1.423 GiB against 1.499, the moment predicted being backward's start
+# (activations 727 MB), where the rank peaked 650 MB above what it held; not traced (the offload term, 618 MB, is
+# not its peak).
+PEAK_MISSES = {
+    "h200/27-suite-matrix/2-probe2/results/offload_350m/20261202-023617-Q4OC/summary.json stage3 G1 mb2 ck1": 0.054,
+}
 
 
 def run_name(r):
@@ -377,7 +382,8 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     """24-peaks (1.3b: stages 0 and 3 and FSDP2, micro batch 2 and 16, checkpointing on and off, 1, 4 and 8
     ranks), 25-oldest (tiny on 2 rehearsed ranks, DeepSpeed 0.14.4 to 0.19.8, and 1.3b on one) and the FSDP2
     runs on 2 H200s (h200x2/13-fsdp2, micro batch 2 and 16, checkpointing on and off), and 26-off-default (fp16,
-    fp32, the tiny, 350m and 2.7b models, stages 1 and 2, micro batch 1 and 16, offload, 1, 2 and 4 ranks): the
+    fp32, the tiny, 350m and 2.7b models, stages 1 and 2, micro batch 1 and 16, offload, 1, 2 and 4 ranks), and
+    27-suite-matrix (the test suite's GPU launches, offload at micro batch 1 and with the 350m model): the
     workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak, hold it too."""
     misses, covered = {}, set()
     for summary, r in records(LOGS):
@@ -388,7 +394,8 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
         covered.add((summary.relative_to(LOGS).parts[1], r.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
-    assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default"}
+    assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default",
+                                                    "27-suite-matrix"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
