@@ -4,9 +4,12 @@ can be asked for), so that one benchmark runs on every tested pair (requirements
 requirements.txt). A feature that the stack lacks is skipped with one line that says which version brings it;
 each entry says when it can go. FSDP2's own check is fsdp2.missing(), which needs torch alone.
 """
+from __future__ import annotations
+
 import inspect
 import json
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import deepspeed
 import torch
@@ -14,11 +17,15 @@ from deepspeed.runtime.engine import DeepSpeedEngine
 
 from zero3bench.stages import shards_params
 
+if TYPE_CHECKING:
+    from zero3bench import fsdp2
+    from zero3bench.options import Run
+
 # torch.OutOfMemoryError from torch 2.5; before it, torch.cuda's (the same class since)
 OutOfMemoryError = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
-def fused_adamw(device):
+def fused_adamw(device: torch.device) -> bool:
     """Whether torch's fused AdamW steps tensors on this device: CUDA's from torch 2.0, a CPU's from 2.4. Its
     constructor refuses a device that it cannot step."""
     try:
@@ -28,26 +35,26 @@ def fused_adamw(device):
     return True
 
 
-def profiler_options():
+def profiler_options() -> dict[str, bool]:
     """torch.profiler keeps the events of a profile that has no schedule when asked with acc_events, from
     torch 2.4 on; before it, it kept them without being asked."""
     return {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}
 
 
-def has_engine_compile():
+def has_engine_compile() -> bool:
     # DeepSpeed 0.14.4's own: the engine also inherits torch.nn.Module.compile, which is not DeepSpeed's
     return "compile" in vars(DeepSpeedEngine)
 
 
-def has_deepcompile():
+def has_deepcompile() -> bool:
     return hasattr(DeepSpeedEngine, "is_deepcompile_enabled")  # DeepSpeed 0.16.6
 
 
-def has_leaf_modules():
+def has_leaf_modules() -> bool:
     return hasattr(deepspeed.utils, "set_z3_leaf_modules")  # DeepSpeed 0.13.0
 
 
-def deepcompile_active(engine):
+def deepcompile_active(engine: DeepSpeedEngine | fsdp2.Engine) -> bool | None:
     """Whether DeepCompile compiled this engine, as DeepSpeed 0.18.0 on says; None where DeepSpeed cannot say.
     The config alone does not tell: on 0.16.6 to 0.18.3 DeepSpeed's check of the torch version quietly turns it
     off for torch 2.7.1 and for builds named like 2.7.0+cu126."""
@@ -55,7 +62,7 @@ def deepcompile_active(engine):
     return bool(ask()) if callable(ask) else None
 
 
-def zero_config(engine):
+def zero_config(engine: DeepSpeedEngine | fsdp2.Engine) -> dict[str, Any] | None:
     """The zero_optimization section as DeepSpeed read it, its defaults filled in and named as in a config file;
     None for FSDP2, or where DeepSpeed keeps it elsewhere. Pydantic 2 dumps it with model_dump, 1 with dict."""
     section = getattr(getattr(engine, "_config", None), "zero_config", None)
@@ -65,7 +72,7 @@ def zero_config(engine):
     return json.loads(json.dumps(dump(by_alias=True), default=str))
 
 
-def degrade(run, config, device):
+def degrade(run: Run, config: dict[str, Any], device: torch.device) -> tuple[Run, dict[str, Any], list[str]]:
     """Skip what this stack cannot do, each with one line that says so. Returns the run and the config as they
     will train (compile, deepcompile, fused_adamw and leaf_modules, and the config's compile section), and the
     lines."""

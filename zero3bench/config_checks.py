@@ -12,6 +12,8 @@ import json
 import math
 import sys
 import typing
+from collections.abc import Collection, Iterator
+from typing import Any
 
 import pydantic
 import torch
@@ -31,12 +33,12 @@ CPU_OPTIMIZERS = ("adam", "adamw", "lion")
 
 
 @functools.cache
-def deepspeed_reads():
+def deepspeed_reads() -> dict[str, Any]:
     """{top-level key: the default DeepSpeed reads it with, or None} for each key it knows."""
     # Noted as DeepSpeedConfig asks a minimal config for each key it reads: in 0.19.8 it is no pydantic model whose
     # fields could be listed, and its *constants.py files mix nested keys ("enabled", "type") with top-level ones
     # and lack others ("compile", "hybrid_engine", "wandb"), so neither would give the set that it reads.
-    asked = {}
+    asked: dict[str, Any] = {}
 
     class Noting(dict):
         def __contains__(self, key):
@@ -47,40 +49,40 @@ def deepspeed_reads():
             asked.setdefault(key, None)
             return super().__getitem__(key)
 
-        def get(self, key, default=None):
+        def get(self, key: str, default: Any = None) -> Any:
             asked[key] = default
             return super().get(key, default)
 
-        def keys(self):  # `key in config.keys()` then asks through __contains__
+        def keys(self) -> "Noting":  # `key in config.keys()` then asks through __contains__
             return self
 
     DeepSpeedConfig(Noting(train_micro_batch_size_per_gpu=1))
     return asked
 
 
-def deepspeed_keys():
+def deepspeed_keys() -> frozenset[str]:
     """The top-level keys DeepSpeed knows."""
     return frozenset(deepspeed_reads().keys() | READ_BY_INITIALIZE)
 
 
-def pydantic_models():
+def pydantic_models() -> tuple[type, ...]:
     """pydantic's model classes. DeepSpeed before 0.15.0 (PR #5167) builds its configs on pydantic 1's API, which
     pydantic 2 keeps as pydantic.v1, loaded by such a DeepSpeed: their fields have the same names, aliases and
     annotations, listed in __fields__ instead of model_fields."""
     return tuple(m.BaseModel for m in (pydantic, sys.modules.get("pydantic.v1")) if m)
 
 
-def fields(model):
+def fields(model: type[Any]) -> dict[str, Any]:
     """{name: field} of a DeepSpeed pydantic config, on pydantic 2's API or pydantic 1's."""
     return model.model_fields if issubclass(model, pydantic.BaseModel) else model.__fields__
 
 
-def model_keys(model):
+def model_keys(model: type[Any]) -> set[str]:
     """The keys a DeepSpeed pydantic config accepts: its fields' names and their aliases."""
     return {name for name in fields(model)} | {f.alias for f in fields(model).values() if f.alias}
 
 
-def submodel(field):
+def submodel(field: Any) -> type | None:
     """The pydantic config a field holds (Optional unwrapped), or None."""
     for kind in (field.annotation, *typing.get_args(field.annotation)):
         if isinstance(kind, type) and issubclass(kind, pydantic_models()):
@@ -88,7 +90,7 @@ def submodel(field):
     return None
 
 
-def refuse_unknown(section, known, path, where):
+def refuse_unknown(section: dict[str, Any], known: Collection[str], path: str, where: str) -> None:
     for key in section:
         if key not in known:
             near = difflib.get_close_matches(key, known, n=1)
@@ -96,7 +98,7 @@ def refuse_unknown(section, known, path, where):
                            + (f" (did you mean {near[0]}?)" if near else ""))
 
 
-def refuse_unknown_in_model(section, model, path, where):
+def refuse_unknown_in_model(section: dict[str, Any], model: type[Any], path: str, where: str) -> None:
     """A section that a DeepSpeed pydantic config reads, and each of its sections that another one reads."""
     refuse_unknown(section, model_keys(model), path, where)
     for name, field in fields(model).items():
@@ -106,7 +108,7 @@ def refuse_unknown_in_model(section, model, path, where):
                 refuse_unknown_in_model(section[key], inner, f"{path}{key}.", where)
 
 
-def refuse_unknown_keys(config, where):
+def refuse_unknown_keys(config: dict[str, Any], where: str) -> None:
     """DeepSpeed ignores a top-level key it does not know, so a misspelt section would silently be left out
     (a misspelt zero_optimization trains stage 0); pydantic refuses one inside zero_optimization, without
     saying what was meant."""
@@ -137,7 +139,7 @@ WRITE_INSTEAD = {
     "fp16.enabled": "true or false", "bf16.enabled": "true or false"}
 
 
-def leaves(section, path=""):
+def leaves(section: dict[str, Any], path: str = "") -> Iterator[tuple[str, Any]]:
     """(dotted path, value) of each value in a config that is not an object."""
     for key, value in section.items():
         if isinstance(value, dict):
@@ -146,14 +148,14 @@ def leaves(section, path=""):
             yield f"{path}{key}", value
 
 
-def quoted_number(value):
+def quoted_number(value: object) -> bool:
     try:
         return isinstance(value, str) and math.isfinite(float(value))
     except ValueError:
         return False
 
 
-def built_defaults(config, section):
+def built_defaults(config: dict[str, Any], section: str) -> dict[str, Any]:
     """{parameter: its default, or its annotation where that is a number's} of the class that the config's
     optimizer (a torch.optim class of that name) or scheduler (DeepSpeed's lr_schedules) section builds."""
     name = str((config.get(section) or {}).get("type", ""))
@@ -165,7 +167,7 @@ def built_defaults(config, section):
             for n, p in inspect.signature(built).parameters.items() if p.default is not p.empty}
 
 
-def expected_kind(config, path):
+def expected_kind(config: dict[str, Any], path: str) -> tuple[type | tuple[type, ...] | None, str | None]:
     """What a value must be, from DeepSpeed's default for a top-level key that it reads as it is (gradient_clipping's
     1.0, prescale_gradients' false) or the built class's for an optimizer's or scheduler's parameter; or None."""
     section, _, name = path.rpartition(".params.")
@@ -180,7 +182,7 @@ def expected_kind(config, path):
     return None, None
 
 
-def refuse_mistyped(config, path, value, where):
+def refuse_mistyped(config: dict[str, Any], path: str, value: Any, where: str) -> None:
     """A number in quotes anywhere, and a value of another kind than the one its reader takes."""
     if quoted_number(value):
         raise BadInput(f'config{where}: {path} is the string "{value}": write the number {value}, without quotes')
@@ -194,7 +196,7 @@ def refuse_mistyped(config, path, value, where):
         raise BadInput(f"config{where}: {path} must be {name}, not {json.dumps(value)}")
 
 
-def resolve_auto(config, path, d_model, where):
+def resolve_auto(config: dict[str, Any], path: str, d_model: int, where: str) -> str:
     """One "auto" of config resolved in place, and how; or BadInput, saying what to write."""
     *outer, key = path.split(".")
     section = functools.reduce(dict.__getitem__, outer, config)
@@ -209,7 +211,7 @@ def resolve_auto(config, path, d_model, where):
                    + WRITE_INSTEAD.get(path, "the value that DeepSpeed should read"))
 
 
-def from_other_tools(config, d_model, where):
+def from_other_tools(config: dict[str, Any], d_model: int, where: str) -> tuple[dict[str, Any], str]:
     """A config, perhaps written for Hugging Face's Trainer, as train_gpt.py can take it: keys DeepSpeed knows, each
     "auto" resolved or refused, no number in quotes. Returns the config and a note for the check's line that says
     how each "auto" was read, or ""."""
@@ -221,7 +223,7 @@ def from_other_tools(config, d_model, where):
     return config, f'; "auto" read as: {", ".join(read)}' if read else ""
 
 
-def deepspeed_config(config, micro_batch, where):
+def deepspeed_config(config: dict[str, Any], micro_batch: int, where: str) -> DeepSpeedConfig:
     """DeepSpeed's own reading of the config, whose pydantic and assertion errors become one line; one rank's
     batch stands for all, as no process group has started."""
     try:
@@ -230,7 +232,7 @@ def deepspeed_config(config, micro_batch, where):
         raise BadInput(f"config{where}: DeepSpeed refuses it: " + " ".join(str(e).split())) from None
 
 
-def nvme_has_a_path(ds, where):
+def nvme_has_a_path(ds: DeepSpeedConfig, where: str) -> None:
     """Offload to NVMe swaps to files under nvme_path: without one, zero.Init asserts on every rank (parameters)
     and ZeRO-3 joins None to a folder name (the optimizer)."""
     zero = ds.zero_config
@@ -240,7 +242,7 @@ def nvme_has_a_path(ds, where):
                            "the folder on the NVMe drive to swap to")
 
 
-def offload_has_a_cpu_optimizer(ds, where):
+def offload_has_a_cpu_optimizer(ds: DeepSpeedConfig, where: str) -> None:
     """ZeRO-Offload steps the optimizer on the host, and DeepSpeed refuses any optimizer there but its CPU Adam
     or CPU Lion unless zero_force_ds_cpu_optimizer is false."""
     offload = ds.zero_config.offload_optimizer
@@ -256,7 +258,7 @@ def offload_has_a_cpu_optimizer(ds, where):
                    "zero_force_ds_cpu_optimizer to false")
 
 
-def refuse_what_the_build_would(ds, where):
+def refuse_what_the_build_would(ds: DeepSpeedConfig, where: str) -> None:
     """What DeepSpeed asserts on only while it builds the model and the engine, found in its reading of the config."""
     nvme_has_a_path(ds, where)
     if "max_grad_norm" in (ds.optimizer_params or {}):  # DeepSpeedConfig warns; building the optimizer raises
@@ -265,6 +267,6 @@ def refuse_what_the_build_would(ds, where):
     offload_has_a_cpu_optimizer(ds, where)
 
 
-def known_optimizer(name):
+def known_optimizer(name: str) -> bool:
     """DeepSpeed builds its own optimizers by name and, for any other name, torch.optim's class of that name."""
     return name.lower() in DEEPSPEED_OPTIMIZERS or isinstance(getattr(torch.optim, name, None), type)

@@ -3,10 +3,17 @@ PyTorch FSDP2 (fully_shard) as ZeRO-3's peer: train_gpt.py trains the same model
 same precision, recipe, micro batch and checkpointing, through the few calls of DeepSpeed's engine that its
 training loop makes.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
 
+if TYPE_CHECKING:
+    from model import GPT  # train_gpt.py's model, beside the package
 
-def missing():
+
+def missing() -> str | None:
     """Why FSDP2 cannot run here, in one line, or None: fully_shard and MixedPrecisionPolicy are public in
     torch.distributed.fsdp from torch 2.6."""
     try:
@@ -16,7 +23,7 @@ def missing():
     return None
 
 
-def shard(model, dtype, compile_blocks):
+def shard(model: GPT, dtype: torch.dtype, compile_blocks: bool) -> GPT:
     """fully_shard each block, then the rest, as torchtitan does. The weights stay in fp32 and sharded; a
     block is gathered in the training dtype for its forward and again for its backward, and its gradients are
     reduce-scattered in that dtype, as ZeRO-3 does. The model comes built in the training dtype, so its
@@ -37,23 +44,23 @@ class Engine:
     """FSDP2 behind the calls of DeepSpeed's engine that train_gpt.train() makes."""
     lr_scheduler = None
 
-    def __init__(self, module, optimizer, clipping):
+    def __init__(self, module: GPT, optimizer: torch.optim.Optimizer, clipping: float) -> None:
         self.module, self.optimizer, self.basic_optimizer, self.clipping = module, optimizer, optimizer, clipping
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         return self.module(*inputs)
 
-    def backward(self, loss):
+    def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self):
+    def step(self) -> None:
         if self.clipping:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clipping)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def was_step_applied(self):
+    def was_step_applied(self) -> bool:
         return True  # no loss scaler skips a step
 
-    def get_lr(self):
+    def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]

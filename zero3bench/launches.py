@@ -15,6 +15,7 @@ one rank has nothing to shard across. Bad input: one line on stderr, exit 2.
 import os
 import shlex
 import sys
+from typing import Any, NoReturn
 
 import torch
 
@@ -27,12 +28,12 @@ CPU_PROCESSES = 2  # without GPUs: two gloo ranks, the fewest that have somethin
 CONTEXT_BYTES = 1 << 30  # what a process holds on a GPU outside PyTorch's allocator (CUDA context, NCCL), at most
 
 
-def bad(msg):
+def bad(msg: str) -> NoReturn:
     print(f"run.sh: error: {msg}", file=sys.stderr)
     sys.exit(options.EXIT["bad input"])
 
 
-def config_args(stage):
+def config_args(stage: str) -> list[str]:
     """train_gpt.py's arguments that choose a stage's config (stages.config_path)."""
     if stage == "fsdp2":
         return ["--stage", str(stages.ZERO3), "--engine", "fsdp2"]
@@ -44,7 +45,7 @@ def config_args(stage):
     return ["--stage", stage] if stage.isdigit() else ["--config", str(config)]
 
 
-def checked(argv, ranks):
+def checked(argv: list[str], ranks: int) -> tuple[options.Run, dict[str, Any]]:
     """train_gpt.py's run (options.Run) and config, resolved for this many ranks; bad input ends here, as in
     train_gpt.py."""
     try:
@@ -55,12 +56,12 @@ def checked(argv, ranks):
     return run, config
 
 
-def stage3_peak(run, config, ranks):
+def stage3_peak(run: options.Run, config: dict[str, Any], ranks: int) -> float:
     """The predicted peak of one stage-3 rank of ranks (train_gpt.predicted_memory) and the CUDA context."""
     return train_gpt.predicted_memory(run, config, ranks)["peak"] + CONTEXT_BYTES
 
 
-def rehearsal(argv):
+def rehearsal(argv: list[str]) -> tuple[int, str]:
     """On one GPU: the most ranks, up to REHEARSED_RANKS, whose stage-3 peaks fit its memory together."""
     run, config = checked([*config_args(str(stages.ZERO3)), *argv], REHEARSED_RANKS)
     memory = torch.cuda.get_device_properties(0).total_memory
@@ -74,7 +75,8 @@ def rehearsal(argv):
                "each rank's memory is real, its speed is not (--ranks 1 runs one rank)")
 
 
-def plan(ranks, stage_names, peer, argv):
+def plan(ranks: str, stage_names: str, peer: str,
+         argv: list[str]) -> tuple[list[tuple[int, str, list[str]]], list[str]]:
     """[(ranks, log name, train_gpt.py arguments)] in run order, and the notes for the terminal."""
     notes, counts = [], [int(n) for n in ranks.split()]
     if any(n > options.MAX_RANKS for n in counts):
@@ -99,7 +101,7 @@ def plan(ranks, stage_names, peer, argv):
     return runs, notes
 
 
-def main(argv):
+def main(argv: list[str]) -> None:
     ranks, stage_names, peer, *rest = argv
     runs, notes = plan(ranks, stage_names, peer, rest)
     moved = machine.fall_back_caches()

@@ -2,6 +2,8 @@
 What train_gpt.py needs from the machine and the launcher, and the workarounds for them, each with why,
 so that each can go when its cause does.
 """
+from __future__ import annotations
+
 import base64
 import ctypes
 import hashlib
@@ -16,8 +18,10 @@ import subprocess
 import sys
 import tempfile
 import warnings
+from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import deepspeed
 import psutil
@@ -26,6 +30,11 @@ from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from zero3bench import compat
 from zero3bench.options import MAX_RANKS, BadInput
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from zero3bench import fsdp2
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads
@@ -38,7 +47,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def first_host(nodelist):
+def first_host(nodelist: str) -> str:
     """The first host of a Slurm node list: 'gpu[03-04,07],cpu1' -> 'gpu03'."""
     match = re.match(r"([^,\[]+)(?:\[([^\],-]+))?", nodelist)
     if not match:
@@ -46,7 +55,7 @@ def first_host(nodelist):
     return match.group(1) + (match.group(2) or "")
 
 
-def slurm_env(env):
+def slurm_env(env: Mapping[str, str]) -> dict[str, str]:
     """torch.distributed's variables from srun's: one task per GPU, the first node as the master."""
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     # "8(x2),4": 8 tasks on each of the first two nodes; the ranks per node are the first node's
@@ -60,7 +69,7 @@ def slurm_env(env):
             "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)}
 
 
-def openmpi_env(env):
+def openmpi_env(env: Mapping[str, str]) -> dict[str, str]:
     """torch.distributed's variables from OpenMPI's mpirun. With one host the master is this host; across
     hosts nothing says which is rank 0's, so MASTER_ADDR must come with the command (mpirun -x)."""
     world, local = env["OMPI_COMM_WORLD_SIZE"], env.get("OMPI_COMM_WORLD_LOCAL_SIZE", env["OMPI_COMM_WORLD_SIZE"])
@@ -71,7 +80,7 @@ def openmpi_env(env):
             "MASTER_PORT": env.get("MASTER_PORT", "29500")}
 
 
-def adopt_launcher_env(env=os.environ):
+def adopt_launcher_env(env: MutableMapping[str, str] = os.environ) -> str:
     """The launcher's name, with RANK and the rest of torch.distributed's variables set in env. The deepspeed
     launcher and torchrun set them; srun and mpirun set their own instead: without these, every process would
     train alone as rank 0 of 1. A launcher that sets neither is refused rather than guessed."""
@@ -94,7 +103,7 @@ def adopt_launcher_env(env=os.environ):
     return "one process"
 
 
-def checked_launcher_env(env=os.environ):
+def checked_launcher_env(env: MutableMapping[str, str] = os.environ) -> str:
     """adopt_launcher_env, then the variables it leaves checked as one set: a set inherited in part (a PyTorchJob
     pod, a Slurm allocation) or mistyped stops here in one line, not later in a KeyError or a hung rendezvous."""
     given = {name: env.get(name) for name in ("WORLD_SIZE", "LOCAL_RANK")}
@@ -125,7 +134,7 @@ def checked_launcher_env(env=os.environ):
     return launcher
 
 
-def launcher_node(launcher, env=os.environ):
+def launcher_node(launcher: str, env: Mapping[str, str] = os.environ) -> str:
     """The node this rank runs on, by its launcher's name for it: srun's, or the deepspeed launcher's hostfile's
     (where two names reach one host, the host's own name would not tell the nodes apart); else the host's name."""
     if launcher == "srun" and env.get("SLURMD_NODENAME"):
@@ -141,7 +150,7 @@ def launcher_node(launcher, env=os.environ):
     return socket.gethostname()
 
 
-def prepare_process(launcher):
+def prepare_process(launcher: str) -> None:
     """What a training process needs before DeepSpeed starts its work, each with its reason."""
     if launcher == "mpirun":
         one_output_stream()
@@ -153,7 +162,7 @@ def prepare_process(launcher):
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
 
 
-def use_gpu(index):
+def use_gpu(index: int) -> torch.device:
     """Put this process on GPU index. DeepSpeed's zero.Init and engine place their tensors on LOCAL_RANK, not
     on the current device: with more ranks than GPUs (a rehearsal) LOCAL_RANK must name the GPU, not the rank."""
     device = torch.device("cuda", index)
@@ -162,7 +171,7 @@ def use_gpu(index):
     return device
 
 
-def forget_priming_step(optimizer):
+def forget_priming_step(optimizer: torch.optim.Optimizer) -> None:
     """Without ZeRO (stage 0), DeepSpeed's 16-bit optimizers create Adam's state with one step on zero
     gradients, which Adam counts: the first real update took a second step's bias correction (0.73 of its
     size), unlike stages 1 to 3 (DeepSpeed 0.19.8 still primes). Built at rate 0, that step moved no weight;
@@ -185,14 +194,14 @@ def leaves_fp16_loss_unscaled(version: str) -> bool:
 FP16_BACKWARD_UNSCALED = leaves_fp16_loss_unscaled(deepspeed.__version__)  # the installed one's, asked once
 
 
-def loss_scale(engine):
+def loss_scale(engine: DeepSpeedEngine | fsdp2.Engine) -> float | None:
     """fp16's loss scale now: ZeRO's optimizers keep it as cur_scale, the 16-bit ones without ZeRO in
     loss_scale_config (DeepSpeed 0.19.3 to 0.19.8)."""
     holder = getattr(engine.optimizer, "loss_scale_config", engine.optimizer)
     return getattr(holder, "cur_scale", None)
 
 
-def unscaled_fp16_backward(engine):
+def unscaled_fp16_backward(engine: DeepSpeedEngine | fsdp2.Engine) -> str:
     """Why this run scales its fp16 loss before engine.backward, as one clause; "" where it need not. Without
     ZeRO, DeepSpeed's engine.backward multiplies an fp16 loss by the loss scale only for ZeRO's optimizers, yet
     stage 0's FP16 optimizers divide the gradients by it at the step: its gradients came out 1/loss-scale of their
@@ -205,12 +214,12 @@ def unscaled_fp16_backward(engine):
     return ""
 
 
-def loss_for_backward(engine, loss):
+def loss_for_backward(engine: DeepSpeedEngine | fsdp2.Engine, loss: torch.Tensor) -> torch.Tensor:
     """The loss as engine.backward must receive it for the step to see gradients of their true size."""
     return loss * loss_scale(engine) if unscaled_fp16_backward(engine) else loss
 
 
-def leave(world, status):
+def leave(world: int, status: int) -> NoReturn:
     """End the process with status, without the interpreter's teardown: after ZeRO-3 on gloo (seen with DeepSpeed
     0.19.8 and torch 2.14.1) it sometimes aborts ("terminate called without an active exception") after all the work
     is done. A failed rank's peers may be blocked in a collective; the launcher ends them when it sees the
@@ -221,7 +230,7 @@ def leave(world, status):
     os._exit(status)
 
 
-def one_output_stream():
+def one_output_stream() -> None:
     """Open MPI's mpirun (4.1) forwards a rank's stdout and stderr apart and writes them out in chunks, not
     lines: a traceback on stderr split rank 0's RESULT line in two, which no report could read. Its stderr goes
     into its stdout, one stream, in order."""
@@ -229,7 +238,7 @@ def one_output_stream():
     os.dup2(sys.stdout.fileno(), sys.stderr.fileno())
 
 
-def normalise_cuda_arch_list():
+def normalise_cuda_arch_list() -> None:
     """DeepSpeed's JIT op builder reads TORCH_CUDA_ARCH_LIST as numbers and fails on suffixed entries such
     as Hopper's '9.0a' (images set it so); its ops need no arch-specific instructions, so build for '9.0'."""
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
@@ -246,13 +255,13 @@ def extensions_folder() -> Path:
     return Path.home() / ".cache" / "torch_extensions" / f"{Path(sys.prefix).name}-torch{torch.__version__}-{key}"
 
 
-def keep_extensions_apart():
+def keep_extensions_apart() -> None:
     """The ops of this environment in a folder of their own (extensions_folder); a TORCH_EXTENSIONS_DIR that
     is set already is kept."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_folder()))
 
 
-def home_caches() -> dict:
+def home_caches() -> dict[str, Path]:
     """What a run writes under the home folder, by the variable that moves it: the ops (extensions_folder),
     Triton's kernels (torch.compile and DeepCompile on GPUs) and matplotlib's font list (report.py)."""
     home = Path.home()
@@ -272,7 +281,7 @@ def writable(folder: Path) -> bool:
         return False
 
 
-def fall_back_caches(env=os.environ) -> dict:
+def fall_back_caches(env: MutableMapping[str, str] = os.environ) -> dict[str, Path]:
     """Each cache of home_caches that no variable places and that cannot be written, moved to a folder of the
     temp dir, with what it holds (the ops already built, which then need no rebuild); returns {variable:
     the folder it could not write}."""
@@ -287,7 +296,7 @@ def fall_back_caches(env=os.environ) -> dict:
     return moved
 
 
-def release_shared_memory(world):
+def release_shared_memory(world: int) -> None:
     """DeepSpeed's CPU all-reduce maps a 66 MB buffer per rank from /dev/shm, named after the master's
     address and port, and never unlinks it: each run on CPUs would leave its buffers behind until the
     host's memory runs out. Every rank unlinks every rank's on its way out, so that a peer that died leaves
@@ -297,7 +306,7 @@ def release_shared_memory(world):
         Path("/dev/shm", f"{prefix}_{rank}").unlink(missing_ok=True)
 
 
-def cap_memory(device, gib):
+def cap_memory(device: torch.device, gib: float) -> None:
     """--max-mem-gib makes an out-of-memory reproducible on any machine. On a GPU it caps PyTorch's caching
     allocator (its per-process memory fraction). On a CPU it caps the process's data segment (RLIMIT_DATA)
     at what it holds now plus the cap, so that the Python runtime and DeepSpeed do not count."""
@@ -313,7 +322,7 @@ def cap_memory(device, gib):
     resource.setrlimit(resource.RLIMIT_DATA, (data_kib * 1024 + int(gib * 2**30), resource.RLIM_INFINITY))
 
 
-def out_of_memory(e):
+def out_of_memory(e: BaseException) -> bool:
     """A GPU's out-of-memory (from PyTorch's allocator, or a CUDA call such as a pinned host buffer's), or a
     CPU allocation refused (as under --max-mem-gib)."""
     text = str(e)
@@ -321,7 +330,7 @@ def out_of_memory(e):
             or "DefaultCPUAllocator: can't allocate memory" in text)
 
 
-def silent_ranks(watch):
+def silent_ranks(watch: torch.distributed.ProcessGroup) -> str:
     """Which ranks no longer answer, asked in the gloo group `watch` of every rank that is still alive."""
     try:
         torch.distributed.monitored_barrier(group=watch, timeout=timedelta(seconds=10), wait_all_ranks=True)
@@ -339,7 +348,7 @@ PEAK_TFLOPS = {
 }
 
 
-def by_gpu_name(table, device):
+def by_gpu_name(table: Mapping[str, int | None], device: torch.device) -> int | None:
     """The first entry of table whose key is a word of the GPU's name: put "H100 PCIe" before "H100"."""
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in table.items() if re.search(rf"\b{re.escape(k)}\b", name)), None)
@@ -350,7 +359,7 @@ NVLINK_GBPS = {"H100 PCIe": None, "H100 NVL": None, "H200 NVL": None, "H100": 45
                "A100": 300, "A800": 200, "B200": 900, "GB200": 900}
 
 
-def link_bandwidth(device, placement, world):
+def link_bandwidth(device: torch.device, placement: Mapping[str, int], world: int) -> float | None:
     """The link between this node's GPUs in bytes per second, where NCCL runs over it alone: one node, one
     rank per GPU, a known GPU."""
     if device.type != "cuda" or placement["rehearsal"] or world > placement["ranks_per_node"] or world < 2:
@@ -359,14 +368,14 @@ def link_bandwidth(device, placement, world):
     return gbps and gbps * 1e9
 
 
-def peak_tflops(device, dtype):
+def peak_tflops(device: torch.device, dtype: str) -> int | None:
     """The device's dense 16-bit peak; none for a CPU, an unknown device, or fp32, which runs slower."""
     if device.type != "cuda" or dtype == "fp32":
         return None
     return by_gpu_name(PEAK_TFLOPS, device)
 
 
-def environment(device):
+def environment(device: torch.device) -> dict[str, Any]:
     """What the run ran on, for each rank's result."""
     env = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
            "deepspeed": deepspeed.__version__, "cuda": torch.version.cuda, "gpus_on_host": torch.cuda.device_count(),

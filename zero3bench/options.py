@@ -9,8 +9,10 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
+from typing import Any, NoReturn
 
 from zero3bench import stages
 from zero3bench.exits import EXIT
@@ -60,19 +62,19 @@ class Run:
     checkpoint: bool
     compile: bool
     deepcompile: bool  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
-    max_mem_gib: float
+    max_mem_gib: float | None  # --max-mem-gib, or None: no cap
     timeout_s: float
     offload: dict = dataclass_field(default_factory=dict)  # offload_devices(config)
-    data: str = None  # --data, or None for Python's own sources
-    fused_adamw: bool = None  # whether torch's fused AdamW steps on this device (compat.degrade)
-    leaf_modules: bool = None  # whether ZeRO-3 gathers a whole block at once (compat.degrade)
+    data: str | None = None  # --data, or None for Python's own sources
+    fused_adamw: bool | None = None  # whether torch's fused AdamW steps on this device (compat.degrade)
+    leaf_modules: bool | None = None  # whether ZeRO-3 gathers a whole block at once (compat.degrade)
 
 
 class BadInput(Exception):
     """Input that no run can use: its message is the one line the user sees."""
 
 
-def fail(msg):
+def fail(msg: str) -> NoReturn:
     """Bad input: one line on stderr, exit 2. Every rank says it, whatever its number: a peer may have found what
     rank 0 did not (a file missing on its node), and a RANK inherited from a pod must not silence it."""
     rank = os.environ.get("RANK", "0")
@@ -80,9 +82,9 @@ def fail(msg):
     sys.exit(EXIT["bad input"])
 
 
-def positive(kind, high=math.inf):
+def positive(kind: type[float], high: float = math.inf) -> Callable[[str], float]:
     """An argparse type: a finite number above 0, and at most high."""
-    def parse(text):
+    def parse(text: str) -> float:
         value = kind(text)
         if not (math.isfinite(value) and 0 < value <= high):
             up_to = "" if high == math.inf else f" up to {high:.10g}"
@@ -92,9 +94,9 @@ def positive(kind, high=math.inf):
     return parse
 
 
-def at_least(low, high=math.inf):
+def at_least(low: int, high: float = math.inf) -> Callable[[str], int]:
     """An argparse type: a whole number from low to high."""
-    def parse(text):
+    def parse(text: str) -> int:
         value = int(text)
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be at least {low}, not {text}" if high == math.inf else
@@ -104,7 +106,7 @@ def at_least(low, high=math.inf):
     return parse
 
 
-def parse_args(argv, presets):
+def parse_args(argv: Sequence[str] | None, presets: Iterable[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="train_gpt.py", description="DeepSpeed ZeRO benchmark on a GPT-style model.")
     p.add_argument("--stage", type=int, choices=STAGES,
                    help=f"ZeRO stage; loads {stages.CONFIG_NAME.format('<N>')} (default {stages.ZERO3})")
@@ -146,12 +148,12 @@ def parse_args(argv, presets):
     return args
 
 
-def option_names(parser):
+def option_names(parser: argparse.ArgumentParser) -> list[str]:
     """The options a user may give (argparse keeps them in _actions: it has no public list)."""
     return [name for action in parser._actions if action.help != argparse.SUPPRESS for name in action.option_strings]
 
 
-def nearest_option(unknown, ours):
+def nearest_option(unknown: list[str], ours: list[str]) -> str:
     """' (did you mean ...?)' for the first unrecognized option, or ''. run.sh's options are candidates too: it
     passes on to train_gpt.py what it does not know, so `run.sh --rank 2` reaches train_gpt.py."""
     name = next((arg.split("=")[0] for arg in unknown if arg.startswith("-")), None)
@@ -164,7 +166,7 @@ def nearest_option(unknown, ours):
     return f" (did you mean {near[0]}{', an option of run.sh' if near[0] in RUN_SH_OPTIONS else ''}?)"
 
 
-def check_token_file(path):
+def check_token_file(path: Path) -> None:
     if not path.is_file():
         raise BadInput(f"--data {path}: {'not a file' if path.exists() else 'no such file'}")
     if not os.access(path, os.R_OK):
@@ -173,7 +175,7 @@ def check_token_file(path):
         raise BadInput(f"--data {path}: not a flat uint16 token file (odd size)")
 
 
-def read_config(path):
+def read_config(path: Path) -> dict[str, Any]:
     """The DeepSpeed config file as a dict."""
     try:
         config = json.loads(path.read_text())
@@ -192,7 +194,7 @@ def read_config(path):
     return config
 
 
-def field(config, path, kinds, default=None, where=""):
+def field(config: dict[str, Any], path: str, kinds: tuple[type, ...], default: Any = None, where: str = "") -> Any:
     """config[a][b]... checked against kinds, or default when absent."""
     value = config
     for key in path.split("."):
@@ -210,7 +212,7 @@ def field(config, path, kinds, default=None, where=""):
     return value
 
 
-def whole(value, name, where):
+def whole(value: float | None, name: str, where: str) -> int | None:
     """A count given as a JSON number: DeepSpeed configs often write 5e8 for 500000000."""
     if value is None:
         return None
@@ -219,7 +221,7 @@ def whole(value, name, where):
     return int(value)
 
 
-def config_stage(config, args, where):
+def config_stage(config: dict[str, Any], args: argparse.Namespace, where: str) -> int:
     stage = field(config, "zero_optimization.stage", (int,), 0, where)
     if stage not in STAGES:
         raise BadInput(f"config{where}: zero_optimization.stage must be 0, 1, 2 or 3, not {stage}")
@@ -228,7 +230,7 @@ def config_stage(config, args, where):
     return stage
 
 
-def micro_batch(config, args, world, where):
+def micro_batch(config: dict[str, Any], args: argparse.Namespace, world: int, where: str) -> tuple[str, int]:
     """The rows per rank: --micro-batch, else the config's train_micro_batch_size_per_gpu, else its
     train_batch_size over the ranks, else 2. A train_batch_size must agree with whichever is used, and the rows'
     tokens must fit MAX_TOKENS."""
@@ -255,7 +257,8 @@ def micro_batch(config, args, world, where):
     return chosen
 
 
-def precision(config, args, on_gpu, bf16_ok, where):
+def precision(config: dict[str, Any], args: argparse.Namespace, on_gpu: bool, bf16_ok: bool,
+              where: str) -> tuple[str, str]:
     """--dtype, else the config's fp16 or bf16 section, else fp32, as DeepSpeed reads it."""
     enabled = [name for name in ("fp16", "bf16") if field(config, f"{name}.enabled", (bool,), False, where)]
     if len(enabled) == 2:
@@ -269,7 +272,7 @@ def precision(config, args, on_gpu, bf16_ok, where):
     return dtype, source
 
 
-def optimizer(config, where, known):
+def optimizer(config: dict[str, Any], where: str, known: Callable[[str], bool]) -> dict[str, Any] | None:
     """The config's optimizer section, if any: its type must be one that DeepSpeed builds."""
     section = field(config, "optimizer", (dict,), None, where)
     if section is None:
@@ -281,7 +284,8 @@ def optimizer(config, where, known):
     return section
 
 
-def resolve(args, config, model, preset, world, host):
+def resolve(args: argparse.Namespace, config: dict[str, Any], model: str, preset: tuple[int, float], world: int,
+            host: dict[str, Any]) -> tuple[dict[str, Any], Run, str]:
     """Fill in what depends on the config, the machine and the number of ranks, and check every input.
     model: the preset's name, preset: its (context, default lr); host: on_gpu, bf16_ok and known_optimizer.
     Returns the config to hand to DeepSpeed, the run (Run) and one line that says how the inputs were read.
@@ -322,7 +326,8 @@ def resolve(args, config, model, preset, world, host):
     return config, run, line
 
 
-def how_read(args, world, section, scheduler, sources):
+def how_read(args: argparse.Namespace, world: int, section: dict[str, Any] | None, scheduler: dict[str, Any] | None,
+             sources: dict[str, str]) -> str:
     """One line that says how the inputs were read, and where each setting came from."""
     rate = ("set by the config's scheduler" if scheduler else f"{args.lr:g} (from {sources['lr']}; "
             + (f"warm-up over {args.warmup} steps)" if args.warmup else "constant)"))
@@ -334,14 +339,14 @@ def how_read(args, world, section, scheduler, sources):
             f"config {args.config}")
 
 
-def first_timed_step(deepcompile, stage):
+def first_timed_step(deepcompile: bool, stage: int) -> int:
     """Step 1 pays for allocations, kernel selection and ZeRO-3's first trace. DeepCompile at stage 3 compiles at
     step 1 and again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps. The options check --steps
     against it and RankResult times from it; the verdict does not ask it, so it is the options', not reporting's."""
     return DEEPCOMPILE_RECOMPILE_STEP + 1 if deepcompile and stages.shards_params(stage) else 2
 
 
-def deepcompile(config, args, on_gpu, where):
+def deepcompile(config: dict[str, Any], args: argparse.Namespace, on_gpu: bool, where: str) -> None:
     """DeepCompile works through engine.compile, so it implies --compile; only the steps after it compiles count
     for speed."""
     args.deepcompile = field(config, "compile.deepcompile", (bool,), False, where)
@@ -359,7 +364,8 @@ def deepcompile(config, args, on_gpu, where):
     args.compile = True
 
 
-def fsdp2_can_run(config, args, section, where, host):
+def fsdp2_can_run(config: dict[str, Any], args: argparse.Namespace, section: dict[str, Any] | None, where: str,
+                  host: dict[str, Any]) -> None:
     """FSDP2 stands beside ZeRO-3 as it runs on the device: torch's AdamW, bf16 or fp32, no offload."""
     if host["fsdp2_missing"]:
         raise BadInput(f"--engine fsdp2: {host['fsdp2_missing']}")
@@ -376,7 +382,7 @@ def fsdp2_can_run(config, args, section, where, host):
         raise BadInput("--engine fsdp2 runs bf16 or fp32: fp16 would need a loss scaler that ZeRO's is not")
 
 
-def offload_devices(config):
+def offload_devices(config: dict[str, Any]) -> dict[str, str | None]:
     """{"optimizer": device or None, "param": device or None} from a config's zero_optimization."""
     zero = config.get("zero_optimization") or {}
     devices = {kind: (zero.get(f"offload_{kind}") or {}).get("device") for kind in ("optimizer", "param")}

@@ -8,9 +8,10 @@ import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from zero3bench import options
-from zero3bench.accounting import explain, predict
+from zero3bench.accounting import explain, predict, shapes
 from zero3bench.exits import EXIT, SIGNALS
 from zero3bench.formatting import fmt, gib, pct, relative_error, size
 
@@ -20,12 +21,12 @@ PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ
 BUSBW_MIN_BYTES = 1 << 20
 
 
-def last_step(r, key):
+def last_step(r: "RankResult", key: str) -> Any:
     """A figure of the last step, or None: a rank that failed before its first step has none."""
     return r.steps[-1].get(key) if r.steps else None
 
 
-def model_states_of(breakdown):
+def model_states_of(breakdown: dict[str, int]) -> int:
     """The model states of a census: every kind but the other tensors."""
     return sum(v for k, v in breakdown.items() if k != "other")
 
@@ -117,7 +118,7 @@ class RankResult:
     link_busbw: dict = None  # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
 
     @classmethod
-    def from_dict(cls, d):
+    def from_dict(cls, d: dict[str, Any]) -> "RankResult":
         """A RESULT line's result; its figures are worked out again, and keys it does not know (a figure, or
         a field of an older or newer version) are passed over. Logs from before flops_per_token and peak_tflops
         were recorded stored only the figures made of them: those give them back."""
@@ -132,23 +133,23 @@ class RankResult:
     # Figures derived from the fields above. A new one is a property here, which every RESULT line then
     # carries, and a row in zero3bench/reporting/tables.py's COMPARISON.
     @property
-    def model_state_bytes(self) -> int:
+    def model_state_bytes(self) -> int | None:
         return model_states_of(self.model_state_breakdown) if self.model_state_breakdown else None
 
     @property
-    def host_state_bytes(self) -> int:
+    def host_state_bytes(self) -> int | None:
         return model_states_of(self.host_state_breakdown) if self.host_state_breakdown else None
 
     @property
-    def mem_after_init_bytes(self) -> int:
+    def mem_after_init_bytes(self) -> int | None:
         return (self.memory_at_start or {}).get("allocated_bytes")
 
     @property
-    def losses(self) -> list:
+    def losses(self) -> list[float] | None:
         return [s["loss"] for s in self.steps] or None
 
-    @property
-    def trained_losses(self) -> list:  # the loss before each applied update: a skipped step only repeats it
+    @property  # the loss before each applied update: a skipped step only repeats it
+    def trained_losses(self) -> list[float] | None:
         return [s["loss"] for s in self.steps if s.get("applied", True)] or None
 
     @property
@@ -160,7 +161,7 @@ class RankResult:
         return len(self.steps) - self.applied_steps
 
     @property
-    def first_loss(self) -> float:
+    def first_loss(self) -> float | None:
         return self.steps[0]["loss"] if self.steps else None
 
     @property
@@ -173,7 +174,7 @@ class RankResult:
         return options.first_timed_step(self.deepcompile, self.stage)
 
     @property
-    def step_time_s(self) -> float:
+    def step_time_s(self) -> float | None:
         """The median over steps timed_from..N, but for a step run under the profiler; a run of one step is timed
         on that step. None for a DeepCompile run that stopped before it was timed: its steps are compiles."""
         unprofiled = [s for s in self.steps if not s.get("comm_s")]
@@ -182,19 +183,19 @@ class RankResult:
             timed = [s["time_s"] for s in unprofiled]
         return statistics.median(timed) if timed else None
 
-    def counted_comm(self) -> dict:
+    def counted_comm(self) -> dict[str, dict[str, int]] | None:
         """The last step's collectives as accounting.comms counted them; None with DeepCompile, whose own op
         calls NCCL from C++, where the count does not reach."""
         return None if self.deepcompile else last_step(self, "comm")
 
     @property
-    def comm_bytes(self) -> dict:
+    def comm_bytes(self) -> dict[str, int] | None:
         """Bytes per kind of collective in the last step (nccl-tests' sizes: accounting.comms)."""
         last = self.counted_comm()
         return {kind: c["bytes"] for kind, c in last.items()} if last else None
 
     @property
-    def comm_volume(self) -> float:
+    def comm_volume(self) -> float | None:
         """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
         the gradients, 3 for stage 3."""
         last = self.counted_comm()
@@ -205,7 +206,7 @@ class RankResult:
         return predict.comm_volume(self.stage, self.world_size)
 
     @property
-    def busbw(self) -> dict:
+    def busbw(self) -> dict[str, float | None] | None:
         """nccl-tests' bus bandwidth per kind of collective, in bytes per second, from the profiled step's
         NCCL kernels; None where nothing was timed."""
         seconds = last_step(self, "comm_s")
@@ -214,7 +215,7 @@ class RankResult:
         return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
                 if t and self.comm_bytes[kind] >= BUSBW_MIN_BYTES else None for kind, t in seconds.items()}
 
-    def link_busbw_at(self, nbytes) -> float:
+    def link_busbw_at(self, nbytes: int) -> float | None:
         """The link's bus bandwidth for messages of nbytes, read off its curve between the sizes probed (log-linear),
         at the nearest end beyond them; logs from before the curve hold one figure, at 256 MiB."""
         curve = self.link_busbw if isinstance(self.link_busbw, dict) else (
@@ -224,22 +225,22 @@ class RankResult:
     def tokens_per_step(self) -> int:
         return self.world_size * self.micro_batch * self.seq
 
-    def tflops_at(self, seconds) -> float:
+    def tflops_at(self, seconds: float | None) -> float | None:
         """Each GPU's TFLOP/s in a step of this many seconds (FLOPs: predict.flops_per_token)."""
         if not (seconds and self.flops_per_token):
             return None
         return self.flops_per_token * self.tokens_per_step() / seconds / self.gpus / 1e12
 
     @property
-    def tokens_per_s(self) -> float:
+    def tokens_per_s(self) -> float | None:
         return self.tokens_per_step() / self.step_time_s if self.step_time_s else None
 
     @property
-    def tflops_per_gpu(self) -> float:
+    def tflops_per_gpu(self) -> float | None:
         return self.tflops_at(self.step_time_s)
 
     @property
-    def mfu(self) -> float:
+    def mfu(self) -> float | None:
         return self.tflops_per_gpu / self.peak_tflops if self.tflops_per_gpu and self.peak_tflops else None
 
 
@@ -247,7 +248,7 @@ FIGURES = [name for name, value in vars(RankResult).items() if isinstance(value,
 FIELDS = {f.name for f in fields(RankResult)}
 
 
-def as_dict(r):
+def as_dict(r: RankResult) -> dict[str, Any]:
     """The result as its RESULT line carries it: its fields and its figures."""
     return {**asdict(r), **{name: getattr(r, name) for name in FIGURES}}
 
@@ -255,13 +256,13 @@ def as_dict(r):
 PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
 
 
-def held_bytes(r):
+def held_bytes(r: RankResult) -> dict[str, int]:
     """This rank's model states by kind, on the device and in host memory together."""
     host = r.host_state_breakdown or {}
     return {k: r.model_state_breakdown[k] + host.get(k, 0) for k in predict.KINDS}
 
 
-def add_predictions(r, shape, loss_chunk, zero):
+def add_predictions(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zero: dict[str, Any]) -> None:
     """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
     optimizer step's fp32 gradients and the peak (predict.rank_memory, from this rank's counts), against which
     the measurement is judged; zero is the zero_optimization section as DeepSpeed read it."""
@@ -280,7 +281,7 @@ def add_predictions(r, shape, loss_chunk, zero):
     r.predicted_peak_bytes = m["peak"]
 
 
-def add_shares(r):
+def add_shares(r: RankResult) -> None:
     """What this rank holds of each kind of model state against what its stage promises."""
     whole = predict.model_states(r.stage, r.dtype, r.params_total, r.params_total, engine=r.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
@@ -290,7 +291,8 @@ def add_shares(r):
                                                      PARTITION_TOLERANCE)
 
 
-def finish(r, shape, loss_chunk, zero, memory_now):
+def finish(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zero: dict[str, Any],
+           memory_now: dict[str, int]) -> None:
     """Complete a rank's result once it has run: its peaks, and where it counted its model states, the
     predictions and shares they are judged against. zero is the config's zero_optimization section;
     memory_now the memory snapshot at the end."""
@@ -305,7 +307,7 @@ def finish(r, shape, loss_chunk, zero, memory_now):
         r.differences = explain.differences(r, held_bytes(r))
 
 
-def exit_status(r):
+def exit_status(r: RankResult) -> int:
     """The rank's exit status: 128 plus the signal that interrupted it, else as exits.EXIT says."""
     if r.oom or r.error and not r.error.startswith("Interrupted"):  # a failure, though a signal came after it
         return EXIT["out of memory" if r.oom else "failed"]
@@ -314,11 +316,11 @@ def exit_status(r):
     return EXIT["diverged"] if r.diverged or r.nonfinite_loss else EXIT["done"]
 
 
-def result_line(r):
+def result_line(r: RankResult) -> str:
     return "RESULT " + json.dumps(as_dict(r))
 
 
-def step_line(r, s):
+def step_line(r: RankResult, s: dict[str, Any]) -> str:
     """One step as the terminal shows it as it runs; once one is skipped, how many of --steps were applied."""
     tflops = r.tflops_at(s["time_s"])
     skipped = ("  SKIPPED: overflow, weights not updated" if not s.get("applied", True) else
@@ -329,27 +331,25 @@ def step_line(r, s):
             f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}{scale}")
 
 
-def kinds_text(breakdown):
+def kinds_text(breakdown: dict[str, int]) -> str:
     return ", ".join(f"{kind} {size(breakdown[kind])}" for kind in predict.KINDS)
 
 
-def partition_lines(tag, r):
+def partition_lines(tag: str, r: RankResult) -> list[str]:
     return [f"{tag} - total param tensors: {r.param_tensors}, sharded param tensors: {r.partitioned_tensors}, "
             f"persistent: {r.persistent_tensors}, local elements: {r.local_param_elems:,} of "
             f"{r.params_total:,}, shard sizes: {'ok' if r.shard_check_ok else 'WRONG'}"]
 
 
-def memory_lines(tag, r):
+def memory_lines(tag: str, r: RankResult) -> list[str]:
     lines = [f"{tag} model states: {size(r.model_state_bytes)} ({kinds_text(r.model_state_breakdown)}) vs ZeRO "
              f"prediction {size(r.predicted_model_state_bytes)} "
-             f"({fmt(relative_error(r.model_state_bytes, r.predicted_model_state_bytes), '+.1%')}); "
-             f"other tensors "
+             f"({fmt(relative_error(r.model_state_bytes, r.predicted_model_state_bytes), '+.1%')}); other tensors "
              f"{size(r.model_state_breakdown['other'])}; partitioned parameters still gathered after backward: "
              f"{r.gathered_tensors}"]
     if r.host_state_breakdown:
         lines.append(f"{tag} host (CPU) model states: {size(r.host_state_bytes)} "
-                     f"({kinds_text(r.host_state_breakdown)}) vs prediction "
-                     f"{size(r.predicted_host_state_bytes)}; "
+                     f"({kinds_text(r.host_state_breakdown)}) vs prediction {size(r.predicted_host_state_bytes)}; "
                      f"other host tensors {size(r.host_state_breakdown['other'])}")
     held, promised = r.held_fraction, r.promised_fraction
     lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
@@ -365,7 +365,7 @@ def memory_lines(tag, r):
     return lines + [f"{tag} difference: {d}" for d in r.differences]
 
 
-def human_lines(r):
+def human_lines(r: RankResult) -> list[str]:
     """What one rank holds, in words; a rank that failed early has fewer figures."""
     tag = f"[Stage {r.stage}] Rank {r.rank}"
     lines = partition_lines(tag, r) if r.param_tensors is not None else []
@@ -393,7 +393,7 @@ def human_lines(r):
     return lines
 
 
-def emit(results):
+def emit(results: list[RankResult]) -> None:
     """The ranks' human lines and RESULT lines, in one write so that ranks sharing a log don't interleave."""
     lines = [line for r in results for line in (*human_lines(r), result_line(r))]
     sys.stdout.write("\n".join(lines) + "\n")

@@ -17,33 +17,33 @@ CONFIG_NAME = "ds_config_stage{}.json"
 CONFIG_FOLDERS = (ROOT, ROOT / "configs")
 
 
-def shards_params(stage):
+def shards_params(stage: int) -> bool:
     return "params" in PARTITIONS[stage]
 
 
-def shards_nothing(stage):
+def shards_nothing(stage: int) -> bool:
     return not PARTITIONS[stage]
 
 
-def splits_one_buffer(stage):
+def splits_one_buffer(stage: int) -> bool:
     """Stages 1 and 2 partition one flat buffer of every parameter's state; stage 3 partitions each tensor."""
     return bool(PARTITIONS[stage]) and not shards_params(stage)
 
 
-def config_path(name):
+def config_path(name: int | str) -> Path:
     """The config of a stage (a number) or of a variant ("3_offload"), the first of CONFIG_FOLDERS that has it;
     where none does, the path it would have in configs/."""
     paths = [folder / CONFIG_NAME.format(name) for folder in CONFIG_FOLDERS]
     return next((path for path in paths if path.exists()), paths[-1])
 
 
-def config_names():
+def config_names() -> list[str]:
     """The names that run.sh's --stages takes: every config in CONFIG_FOLDERS."""
     prefix, suffix = CONFIG_NAME.split("{}")
     return sorted({p.name[len(prefix):-len(suffix)] for folder in CONFIG_FOLDERS
                    for p in folder.glob(CONFIG_NAME.format("*"))})
 
 
-def is_own_config(path, stage):
+def is_own_config(path: str | Path | None, stage: int) -> bool:
     """Whether a config is its stage's own, rather than a variant of it."""
     return path is not None and Path(path).name == CONFIG_NAME.format(stage)
