@@ -35,7 +35,7 @@ def fused_adamw(device: torch.device) -> bool:
     return True
 
 
-def profiler_options() -> dict[str, bool]:
+def profiler_options() -> dict[str, Any]:
     """torch.profiler keeps the events of a profile that has no schedule when asked with acc_events, from
     torch 2.4 on; before it, it kept them without being asked."""
     return {"acc_events": True} if "acc_events" in inspect.signature(torch.profiler.profile).parameters else {}

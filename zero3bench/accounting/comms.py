@@ -4,17 +4,24 @@ all-reduces, counted where DeepSpeed and FSDP2 alike call torch.distributed, and
 kernels took, from the profiler. Sizes follow nccl-tests: an all-gather's size is its gathered output, a
 reduce-scatter's its whole input, an all-reduce's its buffer.
 """
+from __future__ import annotations
+
 import contextlib
 import functools
 import inspect
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed
 
 from zero3bench import compat
 from zero3bench.accounting import predict
+
+if TYPE_CHECKING:
+    from zero3bench.result import RankResult
 
 # torch.distributed's collectives by the kind of collective they are, and the argument that holds their size;
 # torch 2.14 renamed the two single-tensor ones, and FSDP2 calls the new names
@@ -36,17 +43,17 @@ KERNELS = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_re
 class Counter:
     """Bytes and elements per kind of collective since the last take()."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.inside = threading.local()  # a collective that calls another is counted once
         self.take()
 
-    def add(self, kind, tensors):
+    def add(self, kind: str, tensors: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
         tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
         self.counts[kind]["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
         self.counts[kind]["elems"] += sum(t.numel() for t in tensors)
         self.counts[kind]["calls"] += 1
 
-    def take(self):
+    def take(self) -> dict[str, dict[str, int]] | None:
         """What was counted since the last take, and start again."""
         taken = getattr(self, "counts", None)
         self.counts = {kind: {"bytes": 0, "elems": 0, "calls": 0} for kind in COLLECTIVES}
@@ -56,17 +63,17 @@ class Counter:
 COUNTER = Counter()
 
 
-def moves_data(group):
+def moves_data(group: torch.distributed.ProcessGroup | None) -> bool:
     """A collective in a group of one rank moves nothing: DeepSpeed still calls them at one rank, FSDP2 not."""
     return not torch.distributed.is_initialized() or torch.distributed.get_world_size(group) > 1
 
 
-def counted(name, op):
+def counted(name: str, op: Callable[..., Any]) -> Callable[..., Any]:
     kind, argument = SIZED_BY[name]
     signature = inspect.signature(op)
 
     @functools.wraps(op)
-    def collective(*args, **kwargs):
+    def collective(*args: Any, **kwargs: Any) -> Any:
         arguments = signature.bind(*args, **kwargs).arguments
         if getattr(COUNTER.inside, "depth", 0) == 0 and moves_data(arguments.get("group")):
             COUNTER.add(kind, arguments[argument])
@@ -79,7 +86,7 @@ def counted(name, op):
     return collective
 
 
-def count_collectives():
+def count_collectives() -> None:
     """Count every collective from now on. Before the process group starts: DeepSpeed keeps its own
     references to two of these functions from then on."""
     for module in (torch.distributed, torch.distributed.distributed_c10d):
@@ -89,7 +96,7 @@ def count_collectives():
                 setattr(module, name, counted(name, op))
 
 
-def profiler(device):
+def profiler(device: torch.device) -> torch.profiler.profile | None:
     """A profiler of the GPU's kernels, or None where there are no NCCL kernels to time."""
     if device.type != "cuda":
         return None
@@ -97,7 +104,7 @@ def profiler(device):
                                               torch.profiler.ProfilerActivity.CUDA], **compat.profiler_options())
 
 
-def kernel_seconds(prof):
+def kernel_seconds(prof: torch.profiler.profile) -> dict[str, float | None]:
     """Seconds that NCCL's kernels of each kind ran in a profiled step; None for a kind that none ran."""
     totals = dict.fromkeys(COLLECTIVES, 0.0)
     for event in prof.key_averages():
@@ -108,10 +115,11 @@ def kernel_seconds(prof):
 
 
 @contextlib.contextmanager
-def step(device, profiled):
+def step(device: torch.device, profiled: bool) -> Iterator[dict[str, Any]]:
     """Counts the collectives of one training step into the dict it yields, as "comm", and where profiled on a
     GPU, times NCCL's kernels, as "comm_s"."""
-    found, prof = {}, profiler(device) if profiled else None
+    found: dict[str, Any] = {}
+    prof = profiler(device) if profiled else None
     COUNTER.take()
     with prof or contextlib.nullcontext():
         yield found
@@ -123,10 +131,12 @@ LINK_SIZES = tuple(2**k for k in range(20, 31))
 WARMUP, ITERS = 5, 20  # nccl-tests' defaults
 
 
-def gather_seconds(device, nbytes, world):
+def gather_seconds(device: torch.device, nbytes: int, world: int) -> float | None:
     """The seconds of one all-gather of nbytes (its gathered output, in bf16) with nothing else running, out
     of place, averaged over ITERS after WARMUP, as nccl-tests times it; None where it does not fit."""
     elems = nbytes // 2 // world * world
+    gathered: torch.Tensor | None  # set to None in the end, freeing the probe's memory
+    mine: torch.Tensor | None
     try:
         gathered = torch.empty(elems, dtype=torch.bfloat16, device=device)
         mine = gathered.chunk(world)[torch.distributed.get_rank()].clone()
@@ -145,7 +155,7 @@ def gather_seconds(device, nbytes, world):
         gathered = mine = None
 
 
-def link_curve(device, r):
+def link_curve(device: torch.device, r: RankResult) -> dict[str, float] | None:
     """The link as a curve: the bus bandwidth of an all-gather alone at each of LINK_SIZES, as nccl-tests'
     all_gather_perf gives it, in bytes per second by message bytes (a string: JSON's keys are). None without
     NCCL between GPUs or under a memory cap; it stops at the first size that does not fit, and its memory is

@@ -1,8 +1,15 @@
 """
 Where one rank's measured memory departs from theory by more than EXPLAIN_BEYOND, in words.
 """
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from zero3bench.formatting import size
 from zero3bench.stages import PARTITIONS, shards_params, splits_one_buffer
+
+if TYPE_CHECKING:  # result imports this module
+    from zero3bench.result import RankResult
 
 EXPLAIN_BEYOND = 0.10
 
@@ -17,7 +24,7 @@ CAUSES = {
 }
 
 
-def estimator_gap(r):
+def estimator_gap(r: RankResult) -> list[str]:
     """Why DeepSpeed's estimate of the device's model states departs from the measurement: what its formulas
     add. Without GPUs, offload's device and host are one memory: no gap."""
     estimate = r.deepspeed_estimate
@@ -37,7 +44,7 @@ def estimator_gap(r):
             f"measured: " + ("it adds " + " and ".join(adds) if adds else "no known cause")]
 
 
-def state_gaps(r, held):
+def state_gaps(r: RankResult, held: dict[str, int]) -> list[str]:
     """The kinds of model state that make a difference of more than EXPLAIN_BEYOND from the paper."""
     predicted = r.predicted_breakdown
     total = sum(predicted.values())
@@ -53,7 +60,7 @@ def state_gaps(r, held):
     return found
 
 
-def peak_gap(r):
+def peak_gap(r: RankResult) -> list[str]:
     if r.mem_kind != "cuda" or abs(r.peak_mem_bytes / r.predicted_peak_bytes - 1) <= EXPLAIN_BEYOND:
         return []
     return [f"peak: {size(r.peak_mem_bytes)} measured against {size(r.predicted_peak_bytes)} estimated from "
@@ -62,7 +69,7 @@ def peak_gap(r):
             f"{size(r.step_transient_bytes)})"]
 
 
-def differences(r, held):
+def differences(r: RankResult, held: dict[str, int]) -> list[str]:
     """Where the measured memory departs from theory by more than EXPLAIN_BEYOND, in words. held: this rank's
     model states by kind, on the device and in host memory together."""
     return estimator_gap(r) + state_gaps(r, held) + peak_gap(r)

@@ -3,10 +3,14 @@ What one rank holds, measured on the tensors themselves: what ZeRO partitioned, 
 attributes (or, under FSDP2, from the DTensor shards), and a census of the live tensors sorted into the kinds
 of model state.
 """
+from __future__ import annotations
+
 import gc
 import math
 import resource
 import warnings
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from deepspeed import comm as dist
@@ -23,37 +27,42 @@ except ImportError:  # a torch without them runs no FSDP2: no module or tensor i
         pass
     FSDPModule = DTensor = Shard = Absent
 
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
-def local(t):
+    from zero3bench import fsdp2
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
     """The part of a tensor that this rank holds: an FSDP2 DTensor's local shard, or the tensor."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def full_numel(p):
+def full_numel(p: torch.Tensor) -> int:
     """A partitioned parameter's numel() is 0; ds_numel is its full size. A DTensor's numel is its full size."""
     return p.ds_numel if is_zero_param(p) else p.numel()
 
 
-def sharded(p):
+def sharded(p: torch.Tensor) -> bool:
     """Partitioned by ZeRO, or a DTensor that FSDP2 sharded."""
     return is_zero_param(p) or (isinstance(p, DTensor) and any(isinstance(x, Shard) for x in p.placements))
 
 
-def fsdp2_rows(p):
+def fsdp2_rows(p: DTensor) -> tuple[int, int]:
     """The rows of dim 0 that FSDP2 gives this rank of its mesh, as torch.chunk does: ceil(rows / G) each,
     the last ones fewer or none; and ceil(rows / G)."""
     per_rank = math.ceil(p.shape[0] / p.device_mesh.size())
     return max(0, min(per_rank, p.shape[0] - p.device_mesh.get_local_rank() * per_rank)), per_rank
 
 
-def shard_ok(p, world):
+def shard_ok(p: torch.Tensor, world: int) -> bool:
     """ZeRO-3's shard is ceil(numel / G) elements (padded); FSDP2's is this rank's chunk of dim 0."""
     if is_zero_param(p):
         return p.ds_tensor.numel() == math.ceil(p.ds_numel / world)
     return local(p).shape[0] == fsdp2_rows(p)[0] and local(p).shape[1:] == p.shape[1:]
 
 
-def shard_report(model, world):
+def shard_report(model: torch.nn.Module, world: int) -> dict[str, int | bool]:
     """Count what ZeRO-3 or FSDP2 partitioned: a partitioned ZeRO parameter has ds_numel (its full size) and
     ds_tensor (this rank's shard, ceil(numel / G) elements); a persistent one (ds_persist) also stays whole
     on every rank. An FSDP2 parameter is a DTensor sharded on dim 0."""
@@ -71,7 +80,7 @@ def shard_report(model, world):
     }
 
 
-def owned_values(p, rank):
+def owned_values(p: torch.Tensor, rank: int) -> tuple[torch.Tensor, int]:
     """The elements of p that this rank owns, and the place of the first in the whole tensor: all of an
     unpartitioned tensor, or this rank's shard without its padding."""
     if isinstance(p, DTensor):
@@ -84,7 +93,7 @@ def owned_values(p, rank):
 
 
 @torch.no_grad()  # FSDP2's local shards require grad: with autograd on, the sum kept 8 bytes a weight
-def weights_checksum(model, rank, device):
+def weights_checksum(model: torch.nn.Module, rank: int, device: torch.device) -> float:
     """A sum of every weight of the model, each multiplied by a factor that depends on its tensor and its
     place in it, from the elements each rank owns. It matches stage 0's only if the shards of all ranks
     hold stage 0's weights, each in its place."""
@@ -101,7 +110,7 @@ def weights_checksum(model, rank, device):
     return total.item()
 
 
-def storages(tensors, device_type):
+def storages(tensors: Iterable[object], device_type: str) -> dict[int, int]:
     """{storage address: bytes} for the distinct storages behind these tensors on a kind of device."""
     found = {}
     for t in tensors:
@@ -116,7 +125,7 @@ def storages(tensors, device_type):
     return found
 
 
-def partitioned_gradients(optimizer):
+def partitioned_gradients(optimizer: object) -> list[torch.Tensor | None]:
     """The gradient partitions that ZeRO keeps off the parameters: stage 3 reduces into one flat buffer of
     this rank's partitions, stage 2 into grads_in_partition, and both list them in averaged_gradients."""
     found = [getattr(optimizer, name, None) for name in ("grad_partitions_flat_buffer", "grads_in_partition")]
@@ -126,13 +135,13 @@ def partitioned_gradients(optimizer):
     return found
 
 
-def census(engine, device_type):
+def census(engine: DeepSpeedEngine | fsdp2.Engine, device_type: str) -> dict[str, int]:
     """Bytes of every live tensor on a kind of device, counted from the tensors themselves and sorted into
     the model states (parameters, gradients, fp32 master weights, optimizer moments) and the rest
     (communication buckets, buffers)."""
     params = list(engine.module.parameters())
     opt = engine.basic_optimizer
-    owners = {
+    owners: dict[str, Sequence[torch.Tensor | None]] = {
         "params": [t for p in params for t in (local(p.data), getattr(p, "ds_tensor", None))],
         "grads": [local(p.grad) for p in params if p.grad is not None] + partitioned_gradients(engine.optimizer),
         # the optimizer's own parameters; ZeRO-3 lends them to its param_groups only during step()
@@ -152,14 +161,14 @@ def census(engine, device_type):
     return found
 
 
-def combined(after_backward, after_step):
+def combined(after_backward: dict[str, int], after_step: dict[str, int]) -> dict[str, int]:
     """Gradients and optimizer states never all exist at one moment of the first step: Adam creates its
     moments in the step, which frees the gradients. The census after backward gives the parameters,
     gradients and other tensors; the one after the step, the master weights and moments."""
     return {**after_backward, "master": after_step["master"], "moments": after_step["moments"]}
 
 
-def gathered_tensors(model):
+def gathered_tensors(model: torch.nn.Module) -> int:
     """Partitioned, not persistent, and yet whole on this rank right now; FSDP2 puts plain tensors in the
     place of its DTensors while it holds them whole."""
     if isinstance(model, FSDPModule):
@@ -167,13 +176,14 @@ def gathered_tensors(model):
     return sum(1 for p in model.parameters() if is_zero_param(p) and not p.ds_persist and p.numel() > 0)
 
 
-def model_states_now(engine, device, offload):
+def model_states_now(engine: DeepSpeedEngine | fsdp2.Engine, device: torch.device,
+                     offload: dict[str, str | None]) -> tuple[dict[str, int], dict[str, int] | None]:
     """The census on the device, and in host memory too where a GPU rank offloads (else None)."""
     offloaded = device.type == "cuda" and predict.host_kinds(offload)
     return census(engine, device.type), census(engine, "cpu") if offloaded else None
 
 
-def memory_snapshot(device):
+def memory_snapshot(device: torch.device) -> dict[str, int]:
     """Peak memory since the last reset: allocated and reserved on a GPU, and the process's peak resident set
     size, which is the host memory that offload costs (on a CPU, the only memory)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -185,6 +195,6 @@ def memory_snapshot(device):
             "device_total_bytes": torch.cuda.get_device_properties(device).total_memory}
 
 
-def optimizer_name(engine):
+def optimizer_name(engine: DeepSpeedEngine | fsdp2.Engine) -> str:
     opt = engine.basic_optimizer
     return f"{type(opt).__module__.split('.')[0]}.{type(opt).__name__}{' (fused)' if opt.defaults.get('fused') else ''}"

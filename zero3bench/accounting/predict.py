@@ -1,11 +1,13 @@
-"""
-What theory says one rank holds: the ZeRO paper's model states (Rajbhandari et al., 2020, Figure 1 and
+"""What theory says one rank holds: the ZeRO paper's model states (Rajbhandari et al., 2020, Figure 1 and
 section 5), DeepSpeed's own estimator, and the activations (Korthikanti et al., 2022). Pure arithmetic on
-counts, with no torch and no deepspeed, so that it is tested against the paper's own figures.
-"""
+counts, with no torch and no deepspeed, so that it is tested against the paper's own figures."""
 import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
+if TYPE_CHECKING:  # shapes imports this module
+    from zero3bench.accounting.shapes import GPTConfig
 
 # The kinds of model state, and the kinds of state a stage partitions them as.
 KINDS = ("params", "grads", "master", "moments")
@@ -15,19 +17,19 @@ ADAM_BYTES = 8  # fp32 momentum and variance per element
 MASTER_BYTES = 4  # an fp32 copy of the weights per element
 
 
-def partitioned(stage, kind):
+def partitioned(stage: int, kind: str) -> bool:
     return PARTITIONED_AS[kind] in PARTITIONS[stage]
 
 
-def model_states(stage, dtype, full, shard, persistent=0, engine="deepspeed"):
-    """The paper's model states of one rank by kind, for mixed-precision Adam: 16-bit weights and gradients
-    (2 + 2 bytes per parameter) and K = 12 for fp32 master weights, momentum and variance, each whole or
-    partitioned as PARTITIONS says. full: the model's parameters; shard: this rank's partition; persistent:
-    elements that stage 3 keeps whole besides. In fp32, stage 0 steps the weights themselves, but ZeRO's
-    optimizers keep an fp32 copy anyway (at stage 3, stage3.py compares a tensor's device with a string, so
-    it never reuses the weights): 4 more bytes per partition element. FSDP2 (engine "fsdp2") keeps the fp32
-    weights themselves and fp32 gradients, sharded, and makes the 16-bit weights only for compute: the same
-    16 bytes per element, as 4 + 4 + 0 + 8."""
+def model_states(stage: int, dtype: str, full: int, shard: float, persistent: int = 0,
+                 engine: str = "deepspeed") -> dict[str, float]:
+    """The paper's model states of one rank by kind, for mixed-precision Adam: 16-bit weights and gradients (2 + 2 bytes
+    per parameter) and K = 12 for fp32 master weights, momentum and variance, each whole or partitioned as PARTITIONS
+    says. full: the model's parameters; shard: this rank's partition; persistent: elements that stage 3 keeps whole
+    besides. In fp32, stage 0 steps the weights themselves, but ZeRO's optimizers keep an fp32 copy anyway (at stage 3,
+    stage3.py compares a tensor's device with a string, so it never reuses the weights): 4 more bytes per partition
+    element. FSDP2 (engine "fsdp2") keeps the fp32 weights themselves and fp32 gradients, sharded, and makes the 16-bit
+    weights only for compute: the same 16 bytes per element, as 4 + 4 + 0 + 8."""
     width = WIDTH[dtype]
     per_element = {"params": width, "grads": width, "moments": ADAM_BYTES,
                    "master": MASTER_BYTES if width < 4 or not shards_nothing(stage) else 0}
@@ -38,13 +40,13 @@ def model_states(stage, dtype, full, shard, persistent=0, engine="deepspeed"):
     return {kind: per_element[kind] * held[kind] for kind in KINDS}
 
 
-def shard_elems(stage, total, local, world):
+def shard_elems(stage: int, total: int, local: int, world: int) -> float:
     """This rank's partition: its own shards at stage 3 (counted, with padding), 1/G of the one flat buffer
     that stages 1 and 2 split, every element at stage 0."""
     return local if shards_params(stage) else total / world if splits_one_buffer(stage) else total
 
 
-def host_buffer_bytes(shard, offload):
+def host_buffer_bytes(shard: float, offload: Mapping[str, str | bool | None]) -> float:
     """What the host holds besides the offloaded model states: the CPU optimizer's fp32 gradients, one per
     partition element, into which each rank copies its 16-bit ones (stage3.py: fp32_partitioned_groups_flat's
     grad; stage_1_and_2.py: single_partition_of_fp32_groups' grad). The census counts them as the host's other
@@ -52,14 +54,14 @@ def host_buffer_bytes(shard, offload):
     return MASTER_BYTES * shard if offload["optimizer"] else 0
 
 
-def host_kinds(offload):
-    """The kinds of model state in host memory: with the optimizer offloaded (ZeRO-Offload), the gradient
-    partitions it steps on besides its fp32 weights and moments; with the parameters too (ZeRO-Infinity),
-    the 16-bit weights."""
+def host_kinds(offload: Mapping[str, str | bool | None]) -> list[str]:
+    """The kinds of model state in host memory: with the optimizer offloaded (ZeRO-Offload), the gradient partitions it
+    steps on besides its fp32 weights and moments; with the parameters too (ZeRO-Infinity), the 16-bit weights."""
     return (["grads", "master", "moments"] if offload["optimizer"] else []) + (["params"] if offload["param"] else [])
 
 
-def deepspeed_estimate(stage, total, largest, ranks_per_node, nodes, offload):
+def deepspeed_estimate(stage: int, total: int, largest: int, ranks_per_node: int, nodes: int,
+                       offload: Mapping[str, str | bool | None]) -> dict[str, int] | None:
     """DeepSpeed's estimate_zero3_model_states_mem_needs (stage 3) and estimate_zero2_model_states_mem_needs
     (stages 1 and 2), as arithmetic, with zero.Init and their 1.5x host buffer: bytes per GPU and per node.
     It counts 18 bytes per partition element (2 + 2 + 4 fp32 gradients + 4 + 8) and, at stage 3, 4 bytes per
@@ -79,7 +81,7 @@ def deepspeed_estimate(stage, total, largest, ranks_per_node, nodes, offload):
     return {"device": layer + int(18 * total / gpus), "host_per_node": int(largest * 4 * ranks_per_node * buffer)}
 
 
-def block_activation_bytes(shape, width, tokens, seq, flash):
+def block_activation_bytes(shape: "GPTConfig", width: int, tokens: int, seq: int, flash: bool) -> int:
     """What one block of model.py saves for backward: 16 values of d_model per token in the training dtype
     (ln_1's input, qkv's input, q, k and v, attention's output, which proj takes as it is, ln_2's input, fc's
     input, GELU's input and mlp.proj's input, 4 d_model each), the two LayerNorms' fp32 mean and rstd, and
@@ -90,7 +92,7 @@ def block_activation_bytes(shape, width, tokens, seq, flash):
     return tokens * per_token + (0 if flash else width * shape.heads * seq * tokens)
 
 
-def output_layer_bytes(shape, width, tokens, loss_chunk):
+def output_layer_bytes(shape: "GPTConfig", width: int, tokens: int, loss_chunk: int) -> int:
     """The most that backward holds for the layers above the blocks, on top of what the blocks keep: ln_f's
     input and output (the output layer's input), the logits, kept for the loss recomputed chunk by chunk, and
     their gradient, chunk by chunk, as the split's backward joins it into one tensor: 2 x the logits while the
@@ -98,7 +100,7 @@ def output_layer_bytes(shape, width, tokens, loss_chunk):
     return 2 * width * tokens * shape.d_model + (2 * width * tokens + 16 * min(loss_chunk, tokens)) * shape.padded_vocab
 
 
-def uses_flash(on_gpu, dtype):
+def uses_flash(on_gpu: bool, dtype: str) -> bool:
     """Whether attention runs SDPA's flash kernels, which keep no scores for backward: on a GPU, in 16 bits
     (they take 16-bit inputs only)."""
     return on_gpu and WIDTH[dtype] == 2
@@ -120,24 +122,23 @@ DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7,
                       "memory_efficient_linear": True}
 
 
-def zero_setting(zero, key):
+def zero_setting(zero: dict[str, Any], key: str) -> Any:
     """A setting of a config's zero_optimization section, or DeepSpeed's own value where it sets none."""
     return zero.get(key, DEEPSPEED_DEFAULTS[key])
 
 
-def sub_group_elems(zero, largest, world):
+def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
     """The most elements of one stage-3 sub-group: a sub-group closes at the parameter that reaches
     sub_group_size, so it may exceed it by one partition."""
     return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
 
 
 def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None):
-    """What the optimizer step makes on the device (nothing where the optimizer runs on the host): the fp32
-    gradients, from the 16-bit ones; stage 0 in fp32, and FSDP2, step on the gradients themselves. Stages 1 and
-    2 (stage_1_and_2.py, step) first flatten the partition's gradients into one 16-bit tensor, then cast it to
-    fp32, and free the flat copy only after the cast: both at once, 2 + 4 bytes per partition element (in fp32
-    the cast is the flat copy itself: 4). Stage 3 makes its fp32 gradients one sub-group of at most sub_group
-    elements at a time."""
+    """What the optimizer step makes on the device (nothing where the optimizer runs on the host): the fp32 gradients,
+    from the 16-bit ones; stage 0 in fp32, and FSDP2, step on the gradients themselves. Stages 1 and 2
+    (stage_1_and_2.py, step) first flatten the partition's gradients into one 16-bit tensor, then cast it to fp32, and
+    free the flat copy only after the cast: both at once, 2 + 4 bytes per partition element (in fp32 the cast is the
+    flat copy itself: 4). Stage 3 makes its fp32 gradients one sub-group of at most sub_group elements at a time."""
     if optimizer_offloaded or engine == "fsdp2" or (shards_nothing(stage) and WIDTH[dtype] == 4):
         return 0
     if splits_one_buffer(stage):
@@ -145,13 +146,13 @@ def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deeps
     return MASTER_BYTES * min(shard, sub_group or shard)
 
 
-def overflow_check_bytes(stage, engine, dtype, shard):
+def overflow_check_bytes(stage: int, engine: str, dtype: str, shard: float) -> float:
     """Stage 3's fp16 overflow check (stage3.py, has_overflow): isinf of the gradient partition, as abs(x) == inf,
     a 16-bit copy and a mask at once (26-off-default, 2 ranks: 1.968 GB over what was held, against 3 x 656.9M)."""
     return (WIDTH[dtype] + 1) * shard if dtype == "fp16" and shards_params(stage) and engine == "deepspeed" else 0
 
 
-def offloaded_grad_bytes(stage, engine, width, largest, world, offloaded):
+def offloaded_grad_bytes(stage: int, engine: str, width: int, largest: int, world: int, offloaded: bool) -> int:
     """Stage 3 with its optimizer on the host, at the end of backward: the tied embedding's gradient partition
     on its way there, 4 x width + 4 bytes an element (its gradient and the one added to it, reduce_scatter's
     flat copy, the copy back from the pinned host buffer and its fp32 cast: stage3.py, partition_grads). Fitted on
@@ -161,7 +162,7 @@ def offloaded_grad_bytes(stage, engine, width, largest, world, offloaded):
     return (4 * width + MASTER_BYTES) * math.ceil(largest / world)
 
 
-def frees_grads(stage, engine):
+def frees_grads(stage: int, engine: str) -> bool:
     """Whether the gradients are freed after each step and made anew in backward, rather than kept in a buffer:
     so at the H200 runs (benchmarks/logs/h200/24-peaks: memory allocated after a step) by FSDP2 (zero_grad sets
     them to None) and by DeepSpeed at stage 0, while stage 3 keeps its partition in one flat buffer. Stages 1
@@ -175,7 +176,7 @@ def frees_grads(stage, engine):
 ALLREDUCE_ELEMS = 500_000_000
 
 
-def grad_bucket_bytes(stage, engine, width, zero):
+def grad_bucket_bytes(stage: int, engine: str, width: int, zero: dict[str, Any]) -> float:
     """Stages 1 and 2's reduction buckets (stage_1_and_2.py, setup_buckets): reduce_bucket_size elements in the
     training dtype, two with overlap_comm, from the first gradient to the end of the reduction; stage 2 makes
     them at its first gradient hook, during backward."""
@@ -203,7 +204,7 @@ def reduction_bytes(stage, engine, dtype, params, shard, zero, largest_in_block=
     return width * shard + grad_bucket_bytes(stage, engine, width, zero)
 
 
-def buffer_bytes(stage, engine, width, zero):
+def buffer_bytes(stage: int, engine: str, width: int, zero: dict[str, Any]) -> float:
     """Buffers that DeepSpeed's stage 3 keeps besides the model states: its gradient bucket of
     reduce_bucket_size elements in the training dtype (the census's "other": 100.0 MB at 5e7 in bf16, in
     every stage-3 run of 24-peaks). None counted elsewhere: the census finds 16 kB at stage 0 and FSDP2."""
@@ -211,13 +212,12 @@ def buffer_bytes(stage, engine, width, zero):
 
 
 def gathered_bytes(stage, engine, width, world, block, embedding, root, prefetch, params=math.inf):
-    """The 16-bit weights that stage 3 holds gathered at once, on top of its shards: DeepSpeed the module it
-    computes (a whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket
-    ahead of it, no more than the model holds (params: a model smaller than the bucket gathers itself whole at
-    most), but nothing on one rank, where a gathered parameter is its partition (_no_gather_coalesced);
-    FSDP2, even on one rank, as it casts them from its fp32 shards, its root module (embeddings, final norm),
-    kept from forward into backward, the block it computes and the next one, prefetched. None at stages 0 to 2,
-    which keep the weights whole."""
+    """The 16-bit weights that stage 3 holds gathered at once, on top of its shards: DeepSpeed the module it computes (a
+    whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket ahead of it, no more
+    than the model holds (params: a model smaller than the bucket gathers itself whole at most), but nothing on one
+    rank, where a gathered parameter is its partition (_no_gather_coalesced); FSDP2, even on one rank, as it casts them
+    from its fp32 shards, its root module (embeddings, final norm), kept from forward into backward, the block it
+    computes and the next one, prefetched. None at stages 0 to 2, which keep the weights whole."""
     if not shards_params(stage):
         return 0
     if engine == "fsdp2":
@@ -245,7 +245,7 @@ def saved_weights_bytes(stage, engine, width, world, layers, block, checkpoint, 
 WORKSPACE_BYTES = 72 * 10**6
 
 
-def peak_bytes(m):
+def peak_bytes(m: dict[str, Any]) -> float:
     """A rank's peak, the most of its moments, on top of what it holds throughout (m["held"]: the model states
     and buffers, less the gradients it frees between steps, and the workspace); m: rank_memory's terms.
     - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes), the
@@ -258,19 +258,18 @@ def peak_bytes(m):
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
     return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
-                           m["freed_grads"] + m["gathered"] + m["last_block"],
-                           m["reduced_grads"] + m["reduction"], m["offloaded_grad"],
-                           m["partition_grads"] + max(m["transient"], m["overflow_check"]))
+                           m["freed_grads"] + m["gathered"] + m["last_block"], m["reduced_grads"] + m["reduction"],
+                           m["offloaded_grad"], m["partition_grads"] + max(m["transient"], m["overflow_check"]))
 
 
-def reduced_grads_bytes(stage, dtype, freed, transient):
+def reduced_grads_bytes(stage: int, dtype: str, freed: float, transient: float) -> float:
     """The gradients alive while they are reduced after backward: at stage 0 in bf16, the bf16 optimizer's fp32
     copies, into which its hooks moved the bf16 ones (bf16_optimizer.py, accumulate_hp_grads_and_remove_lp);
     else those that backward made."""
     return transient if shards_nothing(stage) and dtype == "bf16" else freed
 
 
-def reserved_bytes(memory):
+def reserved_bytes(memory: dict[str, Any]) -> float:
     """The least that PyTorch's caching allocator reserves, as torchtitan reports memory (max_reserved): the
     peak, and the gradients that a rank frees after each step, whose cached blocks the next forward's larger
     activations cannot reuse. At 24-peaks FSDP2's reserved exceeded its allocated peak by 3.9 to 6.7 GB on one
@@ -282,17 +281,18 @@ def reserved_bytes(memory):
 NO_OFFLOAD = {"optimizer": None, "param": None}
 
 
-def rank_memory(stage, engine, dtype, world, params, zero, shape=None, *, shard=None, persistent=0, largest=None,
-                block=None, root=None, micro_batch=0, seq=0, checkpoint=False, flash=True, loss_chunk=1,
-                offload=NO_OFFLOAD, on_gpu=True):
+def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, zero: dict[str, Any],
+                shape: "GPTConfig | None" = None, *, shard: float | None = None, persistent: int = 0,
+                largest: int | None = None, block: float | None = None, root: int | None = None, micro_batch: int = 0,
+                seq: int = 0, checkpoint: bool = False, flash: bool = True, loss_chunk: int = 1,
+                offload: Mapping[str, str | bool | None] = NO_OFFLOAD, on_gpu: bool = True) -> dict[str, Any]:
     """One rank's memory in bytes, by term, and its predicted peak: the one formula that the RESULT records, the
     plan and the rehearsal's sizing use. params: the model's; shard: this rank's partition (counted, with
     padding; ceil(params / world) by default); persistent: elements stage 3 keeps whole besides; largest: the
     largest tensor's (the sub-group's overrun; the embedding by default); block and root: one block's elements
     and those outside the blocks (the shape's by default). Without a shape, no activations. on_gpu: False where
     host and device are one memory (CPU runs), which have no workspace."""
-    width = WIDTH[dtype]
-    embedding = shape.padded_vocab * shape.d_model if shape else 0
+    width, embedding = WIDTH[dtype], shape.padded_vocab * shape.d_model if shape else 0
     block = (shape.block_params if shape else 0) if block is None else block
     root = (shape.root_params if shape else 0) if root is None else root
     largest = embedding if largest is None else largest
@@ -302,12 +302,12 @@ def rank_memory(stage, engine, dtype, world, params, zero, shape=None, *, shard=
     kept = width * persistent if "params" in on_host else 0  # persistent parameters stay on the GPU
     device = sum(v for k, v in states.items() if k not in on_host) + kept
     freed = states["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
+    m: dict[str, Any]  # its terms, and the model states by kind
     m = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
          "host_buffers": host_buffer_bytes(shard, offload) if on_gpu else 0,
          "buffers": buffer_bytes(stage, engine, width, zero), "workspace": WORKSPACE_BYTES if on_gpu else 0,
-         "freed_grads": freed,
-         "gathered": gathered_bytes(stage, engine, width, world, block, embedding, root,
-                                    zero_setting(zero, "stage3_prefetch_bucket_size"), params),
+         "freed_grads": freed, "gathered": gathered_bytes(stage, engine, width, world, block, embedding, root,
+                                                          zero_setting(zero, "stage3_prefetch_bucket_size"), params),
          "saved_weights": saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0, block,
                                               checkpoint, zero),
          "activations": activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0,
@@ -334,10 +334,10 @@ def step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape,
             "offloaded_grad": offloaded_grad_bytes(stage, engine, WIDTH[dtype], largest, world, offloaded)}
 
 
-def shares(states, whole):
+def shares(states: Mapping[str, float], whole: Mapping[str, float]) -> dict[str, float]:
     """Each kind of model state, as partitioned (params, grads, optimizer), as a share of what one rank
     would hold alone."""
-    groups = {}
+    groups: dict[str, tuple[float, float]] = {}
     for kind in KINDS:
         held, alone = groups.get(PARTITIONED_AS[kind], (0, 0))
         groups[PARTITIONED_AS[kind]] = (held + states[kind], alone + whole[kind])
@@ -354,14 +354,14 @@ def holds_as_promised(held, promised, stage, straddling, tolerance):
                for g in held)
 
 
-def comm_volume(stage, world):
+def comm_volume(stage: int, world: int) -> int:
     """The ZeRO paper's communication per step and rank (section 7), in units of the parameters: an all-reduce
     of the gradients (a reduce-scatter and an all-gather) moves 2 at stages 0 to 2; stage 3 all-gathers the
     parameters in forward and again in backward, and reduce-scatters the gradients: 3. FSDP2 does as stage 3."""
     return 0 if world == 1 else 3 if shards_params(stage) else 2
 
 
-def volume(counts, params):
+def volume(counts: Mapping[str, Mapping[str, int]], params: int) -> float:
     """Measured communication in the paper's units: elements all-gathered and reduce-scattered, and twice
     those all-reduced, over the parameters."""
     return (counts["all_gather"]["elems"] + counts["reduce_scatter"]["elems"]
@@ -372,23 +372,23 @@ BUS_FACTOR = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (
               "all_reduce": lambda n: 2 * (n - 1) / n}
 
 
-def bus_bandwidth(kind, nbytes, seconds, ranks):
+def bus_bandwidth(kind: str, nbytes: float, seconds: float, ranks: int) -> float:
     """nccl-tests' bus bandwidth in bytes per second: the algorithm's (size over time) times what each rank
     must send of it, so that it is comparable with the link's bandwidth whatever the number of ranks."""
     return nbytes / seconds * BUS_FACTOR[kind](ranks)
 
 
-def flops_per_token(params, layers, d_model, seq):
+def flops_per_token(params: int, layers: int, d_model: int, seq: int) -> int:
     """Training FLOPs per token: 6 per parameter (forward and backward) and 12·L·d·T for attention's
     scores and values (PaLM, appendix B), without checkpointing's recomputation."""
     return 6 * params + 12 * layers * d_model * seq
 
 
-def padded(vocab, multiple=64):
+def padded(vocab: int, multiple: int = 64) -> int:
     return multiple * math.ceil(vocab / multiple)
 
 
-def read_curve(curve, x):
+def read_curve(curve: Mapping[int, float], x: float) -> float:
     """A curve {x: y} read at x: log-linear between its points, its nearest end beyond them."""
     xs = sorted(curve)
     if x <= xs[0] or x >= xs[-1]:

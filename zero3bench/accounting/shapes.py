@@ -15,27 +15,27 @@ class GPTConfig:
     d_model: int
     vocab: int
     context: int
-    lr: float  # the peak learning rate after the warm-up, for the benchmark's few steps and small batches
+    lr: float | None  # the peak learning rate after the warm-up, for the benchmark's few steps and small batches
 
     @property
-    def padded_vocab(self):
+    def padded_vocab(self) -> int:
         # a multiple of 64 rows: the output layer's matmul with 50257 rows ran 5.6x slower on an H200 than with
         # 50304 (benchmarks/logs/h200/1-first-look/env.txt); the extra rows are tokens that never occur
         return predict.padded(self.vocab)
 
     @property
-    def block_params(self):
+    def block_params(self) -> int:
         """One block: two LayerNorms (2d each), qkv and its projection (4d² + 4d), the MLP (8d² + 5d)."""
         return 12 * self.d_model**2 + 13 * self.d_model
 
     @property
-    def root_params(self):
+    def root_params(self) -> int:
         """Outside the blocks: the token embedding, tied to the output layer, the positions and the final
         LayerNorm. FSDP2 shards them as the root module."""
         return (self.padded_vocab + self.context + 2) * self.d_model
 
     @property
-    def params(self):
+    def params(self) -> int:
         return self.root_params + self.layers * self.block_params
 
 

@@ -3,6 +3,8 @@ A step's time on G GPUs, for plan.py: when each engine's collectives run and how
 collective's seconds at a bus bandwidth, and a step's time with its collectives serial or overlapped with its
 compute. Pure arithmetic, as zero3bench/accounting/predict.py.
 """
+from typing import Any
+
 from zero3bench.accounting.predict import BUS_FACTOR, zero_setting
 from zero3bench.stages import shards_params
 
@@ -18,7 +20,7 @@ COLLECTIVES = {0: [("all_reduce", "after")],
                3: [("all_gather", "forward"), ("all_gather", "backward"), ("reduce_scatter", "backward")]}
 
 
-def collectives(stage, engine, width, params, root):
+def collectives(stage: int, engine: str, width: int, params: int, root: int) -> list[tuple[str, str, int]]:
     """One rank's collectives in a step, as (kind, phase, bytes) in nccl-tests' sizes: an all-gather's output,
     a reduce-scatter's input, an all-reduce's buffer. FSDP2 keeps its root module (root elements: embeddings,
     final norm) gathered from forward into backward: it gathered 3.84 of 4 bytes per parameter at 1.3b on 2
@@ -28,7 +30,7 @@ def collectives(stage, engine, width, params, root):
             for kind, phase in COLLECTIVES[stage]]
 
 
-def message_bytes(kind, stage, engine, width, block, zero):
+def message_bytes(kind: str, stage: int, engine: str, width: int, block: float, zero: dict[str, Any]) -> float:
     """The bytes of one call of a collective, which set the bus bandwidth it gets (a link's curve rises with
     them): stage 3 (each block a leaf module) and FSDP2 gather one block at a time, and FSDP2 reduce-scatters one
     block's gradients; DeepSpeed reduces its gradients in buckets of reduce_bucket_size elements."""
@@ -37,25 +39,25 @@ def message_bytes(kind, stage, engine, width, block, zero):
     return width * zero_setting(zero, "reduce_bucket_size")
 
 
-def host_copies(width, shard):
+def host_copies(width: int, shard: float) -> list[tuple[str, float]]:
     """With the optimizer on the host (ZeRO-Offload), each rank copies its gradient partition out during
     backward and its updated 16-bit weights back after the step: (phase, bytes) over PCIe."""
     return [("backward", width * shard), ("after", width * shard)]
 
 
-def ring_seconds(kind, nbytes, ranks, busbw):
+def ring_seconds(kind: str, nbytes: float, ranks: int, busbw: float) -> float:
     """A collective's time: the bytes each rank must send of it (BUS_FACTOR) over the bus bandwidth of the
     slowest link it crosses, nccl-tests' busbw, in bytes per second."""
     return nbytes * BUS_FACTOR[kind](ranks) / busbw
 
 
-def pass_flops(flops, checkpoint):
+def pass_flops(flops: float, checkpoint: bool) -> dict[str, float]:
     """A step's FLOPs by pass: forward a third and backward two thirds of 6N (2N + 4N), and with checkpointing
     the forward once more, recomputed during backward: 4/3 of flops in all."""
     return {"forward": flops / 3, "backward": 2 * flops / 3 + (flops / 3 if checkpoint else 0)}
 
 
-def step_seconds(compute, comm, layers):
+def step_seconds(compute: dict[str, float], comm: list[tuple[str, float]], layers: int | None) -> dict[str, float]:
     """A step's time, serial (compute, then every collective) and overlapped: each pass takes the longer of its
     compute and its collectives, but one layer's share of those, which nothing hides (the first gather is
     waited for, as is the last reduce-scatter), adds on; collectives after backward add whole. compute: seconds
@@ -67,7 +69,7 @@ def step_seconds(compute, comm, layers):
     return {"serial": sum(compute.values()) + sum(s for _, s in comm), "overlapped": overlapped}
 
 
-def param_fetches(width, shard):
+def param_fetches(width: int, shard: float) -> list[tuple[str, float]]:
     """With the parameters on the host too (ZeRO-Infinity's offload_param), each rank copies its 16-bit
     partition in for forward and again for backward: (phase, bytes) over PCIe."""
     return [("forward", width * shard), ("backward", width * shard)]
