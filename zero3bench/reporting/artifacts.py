@@ -2,6 +2,8 @@
 What a report leaves in a results folder: summary.json (the whole account, every rank's result in it),
 summary.md (the same for a reader), memory.png and, for run.sh, report.txt. Each is written whole or not at all.
 """
+from __future__ import annotations
+
 import io
 import json
 import math
@@ -9,17 +11,21 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from zero3bench.formatting import gib, rank_table
 from zero3bench.result import as_dict
 
-from .reading import first, most, oom, pairs, read_command, read_marks
+from .figures import Check
+from .reading import Results, Runs, first, most, oom, pairs, read_command, read_marks
 from .tables import comparison_table, compile_lines, peer_lines
 from .verdict import verdict_lines
 
+if TYPE_CHECKING:  # matplotlib is optional: plot() imports it where it draws
+    from matplotlib.axes import Axes
 
-def run_environment(runs):
+
+def run_environment(runs: Runs) -> dict[str, Any]:
     """The software and machines of a run, from the ranks' results: the GPUs it used or, without GPUs, its CPU
     processes (which the results count as their "gpus", the devices that share the work)."""
     ranks = [r for rs in runs.values() for r in rs if r.env]
@@ -34,11 +40,11 @@ def run_environment(runs):
     return env
 
 
-def span(start, end):
+def span(start: float | None, end: float | None) -> float | None:
     return round(end - start, 2) if start and end else None
 
 
-def run_timing(log, results):
+def run_timing(log: Path, results: Results) -> dict[str, float]:
     """Where one run's time went, in seconds, from run.sh's marks in its log and rank 0's clock."""
     marks, t = read_marks(log), (first(results).timing or {})
     parts = {"launch_and_imports_s": span(marks.get("launched"), t.get("imported")),
@@ -50,7 +56,7 @@ def run_timing(log, results):
     return {k: v for k, v in parts.items() if v is not None}
 
 
-def timing(folder, runs, verdict_at):
+def timing(folder: str | Path, runs: Runs, verdict_at: float) -> dict[str, Any]:
     """Where the time went from run.sh's start (RUN_STARTED) to the verdict: the input checks, each run, and
     the report; total_s is the whole."""
     marks = [read_marks(Path(folder) / f"{name}.log") for name in runs]
@@ -62,7 +68,8 @@ def timing(folder, runs, verdict_at):
             "report_s": span(ended, verdict_at), "total_s": span(started, verdict_at)}
 
 
-def summary(folder, runs, checks, overall, verdict_at):
+def summary(folder: str | Path, runs: Runs, checks: dict[str, list[Check]], overall: str,
+            verdict_at: float) -> dict[str, Any]:
     return {
         "folder": str(folder),
         "command": os.environ.get("RUN_COMMAND"),
@@ -75,7 +82,7 @@ def summary(folder, runs, checks, overall, verdict_at):
     }
 
 
-def without_nan(value):
+def without_nan(value: object) -> object:
     """JSON has no NaN or infinity (a diverged loss); write null instead."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -86,7 +93,7 @@ def without_nan(value):
     return value
 
 
-def summary_markdown(account, runs, checks):
+def summary_markdown(account: dict[str, Any], runs: Runs, checks: dict[str, list[Check]]) -> str:
     env = account["environment"]
     command = account["command"] or f"python3 report.py {account['folder']}"
     lines = [f"# ZeRO benchmark: {account['verdict']}", "", f"`{command}`", ""]
@@ -103,7 +110,7 @@ def summary_markdown(account, runs, checks):
     return "\n".join(lines)
 
 
-def draw_per_rank(ax, runs):
+def draw_per_rank(ax: Axes, runs: Runs) -> int:
     """Bars per run and rank: the measured peak, the measured model states, the predicted ones, and the
     host's model states with offload. Returns the number of series."""
     bars = [(f"{name}, rank {r.rank}" + (" (OOM)" if r.oom else " (failed)" if r.error else ""), r)
@@ -126,7 +133,7 @@ def draw_per_rank(ax, runs):
     return len(series)
 
 
-def draw_scaling(ax, worlds):
+def draw_scaling(ax: Axes, worlds: dict[int, tuple[Results, Results]]) -> None:
     """Lines against the number of ranks G: the most any rank holds of model states at stages 0 and 3 and,
     on GPUs, both stages' peaks, beside the ideal: stage 0's model states over G."""
     sizes = sorted(worlds)
@@ -156,7 +163,7 @@ def draw_scaling(ax, worlds):
     ax.legend(fontsize=8)
 
 
-def plot(folder, runs):
+def plot(folder: str | Path, runs: Runs) -> bool:
     """memory.png: memory per run and rank; with several numbers of ranks, also memory against the number
     of ranks. Returns whether it was drawn."""
     try:
@@ -182,7 +189,7 @@ def plot(folder, runs):
     return True
 
 
-def write(folder, runs, checks, overall, verdict_at):
+def write(folder: str | Path, runs: Runs, checks: dict[str, list[Check]], overall: str, verdict_at: float) -> list[str]:
     """summary.json, summary.md and memory.png in the folder; returns the names of the files written."""
     account = summary(folder, runs, checks, overall, verdict_at)
     write_whole(Path(folder, "summary.json"), json.dumps(without_nan(account), indent=1, allow_nan=False).encode())
@@ -190,7 +197,7 @@ def write(folder, runs, checks, overall, verdict_at):
     return ["summary.json", "summary.md"] + (["memory.png"] if plot(folder, runs) else [])
 
 
-def results_line(folder, written):
+def results_line(folder: str | Path, written: list[str]) -> str:
     """The last line: the folder, and the files that this report wrote, with report.txt where run.sh (which sets
     RUN_COMMAND) tees this output into it."""
     files = (["report.txt"] if os.environ.get("RUN_COMMAND") else []) + written
@@ -220,10 +227,10 @@ class Copied(io.TextIOBase):
     """The terminal's output, kept as it is shown. A terminal that is gone (`bash run.sh | head`) stops
     nothing: its later lines go to /dev/null, and the copy keeps them."""
 
-    def __init__(self, terminal):
+    def __init__(self, terminal: TextIO) -> None:
         self.terminal, self.text = terminal, io.StringIO()
 
-    def write(self, text):
+    def write(self, text: str) -> int:
         self.text.write(text)
         try:
             self.terminal.write(text)

@@ -2,10 +2,14 @@
 What moved between two results folders, run by run: the figures it tracks (TRACKED, by their rows' keys in
 tables.COMPARISON, so that a new label changes nothing), and the regressions beyond a tolerance.
 """
+from pathlib import Path
+from typing import Any
+
 from zero3bench.formatting import fmt, format_table, signed_pct
+from zero3bench.result import RankResult
 
 from .bounds import SAME_IN_BOTH
-from .reading import load_runs, status
+from .reading import Results, load_runs, status
 from .tables import ROWS
 
 # the figures that --compare follows, by key, and what a regression is: a rise or a fall (none for losses)
@@ -13,18 +17,19 @@ TRACKED = {"model_states": "rise", "peak_memory": "rise", "first_loss": None, "l
            "tokens_per_s": "fall", "mfu": "fall"}
 
 
-def steps_trained(r):
+def steps_trained(r: RankResult) -> int:
     """The steps a run was to train; logs from before steps_planned was recorded give the steps that ran."""
     return r.steps_planned or len(r.steps)
 
 
-def settings(r):
+def settings(r: RankResult) -> dict[str, Any]:
     """What two runs of one name must agree on to measure the same thing: SAME_IN_BOTH, the GPUs, and the steps,
     which move the last loss and the steps that speed is timed over."""
     return {**{key: getattr(r, key) for key in (*SAME_IN_BOTH, "gpus")}, "steps": steps_trained(r)}
 
 
-def compare_run(name, a, b, tolerance):
+def compare_run(name: str, a: Results, b: Results,
+                tolerance: float) -> tuple[list[tuple[str, str, str, str, str, str]], list[str]]:
     """One run in folders A and B: its table rows, and its regressions."""
     rows, regressed = [], []
     if status(a).startswith("ok") and not status(b).startswith("ok"):
@@ -47,7 +52,7 @@ def compare_run(name, a, b, tolerance):
     return rows, regressed
 
 
-def compare(a, b, tolerance):
+def compare(a: Path, b: Path, tolerance: float) -> int:
     """Print what moved between two results folders, run by run; return 1 if memory or speed regressed
     by more than tolerance percent, a run of A is missing from B or no longer finishes, or a run measured
     something else (another model, batch, dtype, number of ranks, GPUs or steps), else 0."""

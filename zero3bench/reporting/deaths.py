@@ -8,7 +8,9 @@ peer caused, before the SIGKILL of that peer.
 import ast
 import re
 import signal
+from collections.abc import Collection
 
+Death = tuple[int | list[int], str, int]  # (rank, node, code), as above
 SIGNAL_BY_TEXT = {signal.strsignal(s): s for s in signal.Signals}  # "Killed" -> SIGKILL, as srun writes it
 
 # torchrun's account of the first rank that failed, its "Root Cause" block, and of each failure in its "Failures"
@@ -24,7 +26,7 @@ DEEPSPEED_END = re.compile(r"^(?:(\S+): )?.*\bexits with return code = (-?\d+)$"
 DEEPSPEED_RANKS = re.compile(r"global_rank_mapping=defaultdict\(<class 'list'>, (\{.*\})\)")
 
 
-def torchrun(text, reported):
+def torchrun(text: str, reported: Collection[int]) -> list[Death]:
     """Its Root Cause, the first failure it observed, then the others: it observed rank 0's exit 1, which the loss
     of its peer caused, before that peer's SIGKILL."""
     found = ROOT_CAUSE.search(text)
@@ -35,26 +37,26 @@ def torchrun(text, reported):
     return [first, *(death for death in others if death != first)]
 
 
-def srun(text, reported):
+def srun(text: str, reported: Collection[int]) -> list[Death]:
     return [(one_or_all(tasks), node, srun_code(how.strip())) for node, tasks, how in SRUN.findall(text)]
 
 
-def srun_code(how):
+def srun_code(how: str) -> int:
     exited = re.match(r"Exited with exit code (\d+)", how)
     return int(exited.group(1)) if exited else -SIGNAL_BY_TEXT.get(how, signal.SIGKILL)
 
 
-def one_or_all(tasks):
+def one_or_all(tasks: str) -> int | list[int]:
     """srun's task list ("1", "0-1,3") as a rank, or the list of its ranks."""
     ranks = [n for part in tasks.split(",") for n in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)]
     return ranks[0] if len(ranks) == 1 else ranks
 
 
-def mpirun(text, reported):
+def mpirun(text: str, reported: Collection[int]) -> list[Death]:
     return [(int(rank), node, -int(number)) for rank, node, number in MPIRUN.findall(text)]
 
 
-def deepspeed(text, reported):
+def deepspeed(text: str, reported: Collection[int]) -> list[Death]:
     """For each node whose launch.py saw a rank end, that node's ranks that left no result."""
     ranks = DEEPSPEED_RANKS.search(text)
     if not ranks:
@@ -70,7 +72,7 @@ def deepspeed(text, reported):
 LAUNCHERS = {"torchrun": torchrun, "srun": srun, "mpirun": mpirun, "deepspeed": deepspeed}
 
 
-def told(text, launcher, reported):
+def told(text: str, launcher: str | None, reported: Collection[int]) -> list[Death]:
     """Every death (rank, node, code) by the account of launcher (a RankResult's name for it), or of the first
     launcher whose words the log holds; reported is the ranks that left a result."""
     readers = [LAUNCHERS[launcher]] if launcher in LAUNCHERS else LAUNCHERS.values()

@@ -9,6 +9,8 @@ from typing import Callable, Optional
 from zero3bench.result import PARTITION_TOLERANCE
 from zero3bench.stages import shards_nothing, shards_params
 
+from .reading import Results
+
 # Stage 0's last loss this far above the other stage's: gradients scaled down, so it trains less (0.18.4: 1.1%)
 LOSS_GAP = 0.005
 
@@ -22,13 +24,13 @@ class Defect:
     symptom: Callable  # [results of a run, ...] -> whether the runs show it
 
 
-def share(rs, group, side):
+def share(rs: Results, group: str, side: Callable[[list[float]], float]) -> float | None:
     """The most (side max) or least (min) share of one group of model states that any rank of a run holds."""
     held = [r.held_fraction[group] for r in rs if r.held_fraction]
     return side(held) if held else None
 
 
-def stage3_holds_more_params(runs):
+def stage3_holds_more_params(runs: list[Results]) -> bool:
     """A stage-3 DeepSpeed run holds more of the parameters after backward than it promises (0.19.2: 33% at 4
     ranks, promised 25%; 65% of the tiny model at 2, promised 51%)."""
     return any(shards_params(rs[0].stage) and rs[0].engine == "deepspeed" and rs[0].promised_fraction
@@ -36,7 +38,7 @@ def stage3_holds_more_params(runs):
                for rs in runs if rs)
 
 
-def stage0_bf16_trains_less(runs):
+def stage0_bf16_trains_less(runs: list[Results]) -> bool:
     """A bf16 stage-0 run's last loss is above the other stage's (0.18.4: 4.723 against 4.669)."""
     dense = [rs[0] for rs in runs if rs and shards_nothing(rs[0].stage) and rs[0].dtype == "bf16"]
     others = [rs[0] for rs in runs if rs and not shards_nothing(rs[0].stage)]
@@ -44,13 +46,13 @@ def stage0_bf16_trains_less(runs):
                for d in dense for o in others)
 
 
-def stage0_bf16_partitions_optimizer(runs):
+def stage0_bf16_partitions_optimizer(runs: list[Results]) -> bool:
     """A bf16 stage-0 run on several ranks holds less than all of its optimizer states (0.17.5: 50% at 2 ranks)."""
     return any(shards_nothing(rs[0].stage) and rs[0].dtype == "bf16" and rs[0].world_size > 1
                and (share(rs, "optimizer", min) or 1) < 1 - PARTITION_TOLERANCE for rs in runs if rs)
 
 
-def stage0_fp16_never_overflows(runs):
+def stage0_fp16_never_overflows(runs: list[Results]) -> bool:
     """An fp16 stage-0 DeepSpeed run skipped no step where another stage's skipped some: its gradients were never
     scaled (machine.loss_for_backward's defect; 0.19.8 unpatched, 4 ranks: none against 3)."""
     dense = [rs[0] for rs in runs if rs and shards_nothing(rs[0].stage) and rs[0].dtype == "fp16"
@@ -74,7 +76,7 @@ DEFECTS = [
 ]
 
 
-def version(text):
+def version(text: str | None) -> tuple[int, ...] | None:
     """'0.19.2' or '0.19.2+abc' as (0, 19, 2); None where it cannot be read."""
     try:
         return tuple(int(part) for part in text.split("+")[0].split(".")[:3])
@@ -82,13 +84,13 @@ def version(text):
         return None
 
 
-def deepspeed_version(runs):
+def deepspeed_version(runs: list[Results]) -> str | None:
     """The oldest DeepSpeed version that any of the runs recorded, as text; None where none did."""
     found = [(v, text) for rs in runs for r in rs[:1] if (v := version(text := (r.env or {}).get("deepspeed")))]
     return min(found)[1] if found else None
 
 
-def known_defects(criterion, runs):
+def known_defects(criterion: str, runs: list[Results]) -> str:
     """The traced defects that explain a failed criterion in these runs' DeepSpeed, as one clause; "" where none
     does. runs: the results of each run that the criterion judged."""
     installed = deepspeed_version(runs)

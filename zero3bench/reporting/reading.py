@@ -7,7 +7,9 @@ import json
 import re
 import signal
 import statistics
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from zero3bench.exits import EXIT, SIGNALS
 
@@ -18,13 +20,16 @@ from zero3bench.result import RankResult
 from zero3bench.stages import DENSE, ZERO3, is_own_config
 
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
+Results = list[RankResult]  # a run: its ranks' results
+Runs = dict[str, Results]  # a folder's runs, by log name
+Figure = TypeVar("Figure", int, float)  # most() gives the kind of figure it is given
 
 
 # Kinds a field takes beyond its own: logs from before the link's curve hold its one figure
 OLDER_KINDS = {"link_busbw": (dict, int, float)}
 
 
-def mistyped(d):
+def mistyped(d: dict[str, Any]) -> bool:
     """Whether a RESULT record holds a value of another kind than its field's (a number in quotes, steps that are
     not a list of records), which every reader after this one would trip on."""
     for f in dataclasses.fields(RankResult):
@@ -35,7 +40,7 @@ def mistyped(d):
     return not all(isinstance(s, dict) for s in d.get("steps") or [])
 
 
-def parsed(line):
+def parsed(line: str) -> RankResult | None:
     """The result of one RESULT line, or None where the line is cut off, garbled or mistyped: its rank is then
     unaccounted."""
     try:
@@ -46,7 +51,7 @@ def parsed(line):
     return r if r is not None and isinstance(r.rank, int) and isinstance(r.world_size, int) else None
 
 
-def log_text(log):
+def log_text(log: str | Path) -> str:
     """A log's text; "" where it cannot be read (a folder in its place, no permission): its run has no result."""
     try:
         return Path(log).read_text(errors="replace")
@@ -54,22 +59,22 @@ def log_text(log):
         return ""
 
 
-def read_results(log):
+def read_results(log: str | Path) -> Results:
     """The results of one log, one per rank that wrote a complete RESULT line, by rank."""
     lines = log_text(log).splitlines()
     found = [r for r in (parsed(line) for line in lines if "RESULT {" in line) if r is not None]
     return sorted(found, key=lambda r: r.rank)
 
 
-def read_command(log):
+def read_command(log: str | Path) -> str | None:
     """The launch command that run.sh writes as a log's first line."""
     first_line = log_text(log).partition("\n")[0]
     return first_line.partition("COMMAND ")[2] or None
 
 
-def read_marks(log):
+def read_marks(log: str | Path) -> dict[str, float]:
     """run.sh's marks in a log: when it launched the run and when the launcher ended, with its exit status."""
-    marks = {}
+    marks: dict[str, float] = {}
     for line in log_text(log).splitlines():
         word, _, rest = line.partition(" ")
         if word in ("LAUNCHED", "ENDED") and rest:
@@ -79,7 +84,7 @@ def read_marks(log):
     return marks
 
 
-def dead_rank(log, results):
+def dead_rank(log: str | Path, results: Results) -> str | None:
     """The first rank that the launcher saw end with a failure that no result explains (not one of train_gpt.py's
     own statuses), by rank and node, and how it ended (reporting.deaths reads each launcher's words); None where
     the launcher tells of none."""
@@ -96,12 +101,12 @@ def dead_rank(log, results):
     return f"{ranks} on {node} ended first, {how} (the launcher's report)"
 
 
-def natural(name):
+def natural(name: str) -> list[int | str]:
     """Sort key that puts stage3_8ranks before stage3_16ranks."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
-def load_runs(folder):
+def load_runs(folder: str | Path) -> Runs:
     """{log name: results} for every log in a results folder, in run.sh's order (stage, then ranks)."""
     return {log.stem: read_results(log) for log in sorted(Path(folder).glob("*.log"), key=lambda p: natural(p.stem))}
 
@@ -110,27 +115,27 @@ def load_runs(folder):
 # what each run says
 
 
-def first(results):
+def first(results: Results) -> RankResult:
     """Rank 0's result, which holds the run's settings; NOTHING for a run without results."""
     return results[0] if results else NOTHING
 
 
-def most(values):
+def most(values: Iterable[Figure | None]) -> Figure | None:
     """The largest of the figures that were measured, or None: per-rank figures are judged at the rank that
     holds the most."""
     measured = [v for v in values if v is not None]
     return max(measured) if measured else None
 
 
-def failed(results):
+def failed(results: Results) -> bool:
     return not results or any(r.oom or r.error for r in results)
 
 
-def oom(results):
+def oom(results: Results) -> bool:
     return any(r.oom for r in results)
 
 
-def status(results):
+def status(results: Results) -> str:
     if not results:
         return "no result"
     if oom(results):
@@ -147,7 +152,7 @@ def status(results):
     return f"rank(s) {' '.join(map(str, lost))} wrote no complete RESULT" if lost else "ok"
 
 
-def unaccounted(results):
+def unaccounted(results: Results) -> list[int]:
     """The ranks of a run that finished, as far as its results say, that wrote no complete RESULT line: a node
     that died as it wrote, a log cut off. A run that failed is judged as failed: its launcher stops the peers of
     a rank that fails before they report."""
@@ -159,36 +164,36 @@ def unaccounted(results):
     return sorted(set(range(world)) - set(ranks) | stray)
 
 
-def offloads(results):
+def offloads(results: Results) -> bool:
     return bool(results) and any((results[0].offload or {}).values())
 
 
-def peer(results):
+def peer(results: Results) -> bool:
     """A run of FSDP2, ZeRO-3's peer, rather than of DeepSpeed."""
     return first(results).engine != "deepspeed"
 
 
-def plain(results):
+def plain(results: Results) -> bool:
     """A DeepSpeed run without offload: what (a) to (c) and the FSDP2 lines compare."""
     return not offloads(results) and not peer(results)
 
 
-def reference_rank(r):
+def reference_rank(r: RankResult) -> tuple[bool, bool, bool, bool]:
     """Stage 0 first; then an eager run before a compiled one, a stage's own config before variants of it, and
     DeepSpeed before its peer."""
     return (r.stage != DENSE, bool(r.compile), not is_own_config(r.config, r.stage),
             r.engine != "deepspeed")
 
 
-def same_compile(a, b):
+def same_compile(a: Results, b: Results) -> bool:
     return bool(a[0].compile) == bool(b[0].compile)
 
 
-def pairs(runs):
+def pairs(runs: Runs) -> dict[int, tuple[Results, Results]]:
     """{world size: (stage-0 results, stage-3 results)}, at each world size the first run of each stage in
     reference_rank's order (a stage's own config before its variants), the stage-3 run compiled as stage 0's
     is or not: compiling changes the peak that (b) compares."""
-    found = {}
+    found: dict[int, tuple[Results, Results]] = {}
     for results in sorted((rs for rs in runs.values() if rs), key=lambda rs: reference_rank(rs[0])):
         if results[0].stage in (DENSE, ZERO3) and plain(results):
             dense, zero3 = found.setdefault(results[0].world_size, ([], []))
@@ -199,7 +204,7 @@ def pairs(runs):
     return found
 
 
-def speed_not_measured(runs):
+def speed_not_measured(runs: Runs) -> str | None:
     """Why speed means nothing in these runs, or None: CPU processes, or ranks that share a GPU."""
     ranks0 = [rs[0] for rs in runs.values() if rs]
     if any(r.mem_kind != "cuda" for r in ranks0):
@@ -211,9 +216,9 @@ def speed_not_measured(runs):
 # what a folder says of the machine (plan.py --from)
 
 
-def run_figures(results):
+def run_figures(results: Results) -> dict[str, float | None]:
     """One run's figures, each the median over its ranks; the link's at the size of the old probe, 256 MiB."""
-    def median(values):
+    def median(values: Iterable[Any]) -> float | None:
         values = [v for v in values if isinstance(v, (int, float))]
         return statistics.median(values) if values else None
     return {"mfu": median(r.mfu for r in results), "link_busbw": median(r.link_busbw_at(1 << 28) for r in results),
@@ -221,7 +226,7 @@ def run_figures(results):
             "peak_tflops": median(r.peak_tflops for r in results)}
 
 
-def machine_of(folder):
+def machine_of(folder: Path) -> tuple[dict[str, tuple[float, str]], str | None, dict[int, float] | None]:
     """What a results folder's summary.json (its "results": each run's RESULT lines) says of the machine, for
     plan.py's --from: {input: (value, source)}, the devices, and the link's curve where a run measured one. The MFU is the best run's, the one that lost least to communication, and a
     third higher where it checkpointed, since --mfu counts the recomputed FLOPs; its all-gather's bus bandwidth
@@ -264,7 +269,7 @@ CAUSES = [re.compile(pattern) for pattern in (
     r"Read-only file system", r"[Oo]ut of memory", r"[Pp]ermission denied", r"\b\w*(Error|Exception)\b: \S")]
 
 
-def cause(log):
+def cause(log: str | Path) -> str | None:
     """The first line of a log that says why its run did not finish, by the most telling kind that any line
     says (CAUSES), trimmed to one screen line's worth; None where no line says."""
     lines = [line.strip() for line in log_text(log).splitlines()
@@ -276,7 +281,7 @@ def cause(log):
     return None
 
 
-def cause_lines(folder, runs):
+def cause_lines(folder: str | Path, runs: Runs) -> list[str]:
     """One line for each run that did not finish (a failure, not a signal), with the line of its log that says
     why."""
     return [f"{name} did not finish ({status(rs)}): {cause(Path(folder) / f'{name}.log') or 'its log does not say why'}"

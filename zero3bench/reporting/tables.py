@@ -6,10 +6,12 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from zero3bench.formatting import fmt, format_table, other_bytes, relative_error, size
+from zero3bench.result import RankResult
 from zero3bench.stages import ZERO3
 
 from .bounds import SAME_COMPILED_OR_NOT
-from .reading import failed, first, most, offloads, pairs, peer, plain, reference_rank, speed_not_measured, status
+from .reading import (Results, Runs, failed, first, most, offloads, pairs, peer, plain, reference_rank,
+                      speed_not_measured, status)
 from .verdict import loss_gaps
 
 # The directions of a ratio, as words: what the second run's figure is when it is below the first's, and above.
@@ -18,7 +20,7 @@ SMALLER, FASTER, LOWER = ("less", "more"), ("slower", "faster"), ("lower", "high
 NEAR_ZERO = 0.01
 
 
-def estimator(results):
+def estimator(results: Results) -> float | None:
     """DeepSpeed's estimate for the device; without GPUs, device and host are one memory, so both."""
     estimate = first(results).deepspeed_estimate
     if not estimate:
@@ -28,7 +30,7 @@ def estimator(results):
     return estimate["device"] + (per_rank_host if first(results).mem_kind != "cuda" and offloads(results) else 0)
 
 
-def comm(results, figure, kind):
+def comm(results: Results, figure: str, kind: str) -> float | None:
     """Rank 0's bytes of one kind of collective per step, or the best bus bandwidth of any rank: a rank's NCCL
     kernel also times its wait for the others, so the rank that waited least comes closest to the link's."""
     per_rank = [(getattr(r, figure) or {}).get(kind) for r in results]
@@ -37,15 +39,16 @@ def comm(results, figure, kind):
     return per_rank[0] if per_rank else None
 
 
-def gbps(value):
+def gbps(value: float | None) -> float | None:
     return value / 1e9 if value else None
 
 
-def gpu_only(value, results):
+def gpu_only(value: float | None, results: Results) -> float | None:
     return value if first(results).mem_kind == "cuda" else None
 
 
-def states_error(results, measured, predicted):
+def states_error(results: Results, measured: Callable[[RankResult], float | None],
+                 predicted: Callable[[Results], float | None]) -> float | None:
     return relative_error(most(measured(r) for r in results), predicted(results))
 
 
@@ -121,12 +124,12 @@ COMPARISON = [
 ROWS = {row.key: row for row in COMPARISON}
 
 
-def figure(key, results):
+def figure(key: str, results: Results) -> float | None:
     """One figure of a run, by its row's key."""
     return ROWS[key].get(results)
 
 
-def ratio(before, after, words):
+def ratio(before: float | None, after: float | None, words: tuple[str, str] | None) -> str:
     """The second figure against the first, in the words of its row: "4.00x less", "2.86x slower"; nothing where
     either is missing or next to nothing beside the other."""
     if words is None or not before or not after or min(before, after) < NEAR_ZERO * max(before, after):
@@ -136,7 +139,7 @@ def ratio(before, after, words):
     return f"{max(before, after) / min(before, after):.2f}x {words[after > before]}"
 
 
-def comparison_table(runs):
+def comparison_table(runs: Runs) -> str:
     """The runs side by side, per-rank figures taken from the rank that holds the most; with two runs, a last
     column gives the second against the first. Speeds are marked where they mean nothing."""
     names = list(runs)
@@ -157,7 +160,7 @@ def comparison_table(runs):
 # lines that describe, and judge nothing
 
 
-def stage3_runs(runs, peer_run):
+def stage3_runs(runs: Runs, peer_run: RankResult) -> Runs:
     """{name: results} of DeepSpeed's stage-3 runs without offload with the peer's settings (compiled or not),
     in reference_rank's order: the stage's own config first, then its variants (DeepCompile, ...)."""
     found = [(name, rs) for name, rs in runs.items() if rs and rs[0].stage == ZERO3 and plain(rs)
@@ -165,7 +168,7 @@ def stage3_runs(runs, peer_run):
     return dict(sorted(found, key=lambda item: reference_rank(item[1][0])))
 
 
-def peer_lines(runs):
+def peer_lines(runs: Runs) -> list[str]:
     """Each stage-3 run against FSDP2 with the same settings: speed, peak memory, communication, losses."""
     lines = []
     for name, rs in runs.items():
@@ -177,7 +180,7 @@ def peer_lines(runs):
     return lines
 
 
-def peer_line(zero3, label, rs, name):
+def peer_line(zero3: Results | None, label: str, rs: Results, name: str) -> str:
     if failed(rs) or not zero3 or failed(zero3):
         return f"{name} {status(rs)}, {label} {status(zero3) if zero3 else 'not run'}"
     a, b = zero3[0], rs[0]
@@ -195,7 +198,7 @@ def peer_line(zero3, label, rs, name):
             f"{volume}; " + losses)
 
 
-def compile_lines(runs):
+def compile_lines(runs: Runs) -> list[str]:
     """What DeepCompile cost, and what its figures leave out."""
     lines = []
     for name, rs in runs.items():
@@ -209,7 +212,7 @@ def compile_lines(runs):
     return lines
 
 
-def offload_memory(results):
+def offload_memory(results: Results) -> str:
     """Where an offload run's memory went, per rank: the GPU's and the host's."""
     if results[0].mem_kind != "cuda":
         return "without GPUs, device and host are one memory"
@@ -220,7 +223,7 @@ def offload_memory(results):
             f"{size(other_bytes(results, 'host_state_breakdown'))}" + (f", host peak RSS {size(rss)}" if rss else ""))
 
 
-def offload_lines(runs):
+def offload_lines(runs: Runs) -> list[str]:
     """What each offload run costs against stage 3 without offload, at the same number of ranks."""
     lines, stage3 = [], {world: zero3 for world, (_, zero3) in pairs(runs).items()}
     for name, rs in runs.items():

@@ -5,6 +5,7 @@ formula that train_gpt.py --check, the plan and each RESULT's predicted peak use
 """
 from zero3bench.accounting import predict
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
+from zero3bench.result import RankResult
 
 # (b) expects stage 3's peak to fall against stage 0's as predict.rank_memory predicts for the two runs, and stage
 # 3's peak may exceed its predicted share of stage 0's by this factor, for what theory leaves out. At the default
@@ -16,7 +17,7 @@ from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
 PEAK_SLACK = 1.15
 
 
-def predicted_peak(r):
+def predicted_peak(r: RankResult) -> float | None:
     """One rank's peak as predict.rank_memory gives it for the run's settings alone (what train_gpt.py --check
     says), not from what the rank counted; None for a model that is no preset."""
     shape, on_gpu = PRESETS.get(r.model), r.mem_kind == "cuda"

@@ -16,11 +16,12 @@ from typing import Callable, Optional
 
 from zero3bench import options
 from zero3bench.formatting import size
+from zero3bench.result import RankResult
 from .bounds import (DESIGN_LOSS, FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, MEMORY_SLACK, SAME_IN_BOTH,
                      SAME_TRAINING, WEIGHTS_RTOL)
 from .defects import known_defects
 from .figures import Check, Comparison, Loss, Memory, Partitioning, Promises, SameTraining
-from .reading import failed, most, oom, pairs, reference_rank, status, unaccounted
+from .reading import Results, Runs, failed, most, oom, pairs, reference_rank, status, unaccounted
 from .theory import PEAK_SLACK, predicted_peak
 
 PAIR, ALL_RUNS = "pair", "all runs"
@@ -39,7 +40,7 @@ class Criterion:
 # (a) partitioning
 
 
-def partitioning(dense, zero3) -> tuple[str, Partitioning]:
+def partitioning(dense: Results, zero3: Results) -> tuple[str, Partitioning]:
     counted = [r for r in zero3 if r.partitioned_tensors is not None]  # a rank that failed early counted nothing
     if not counted:
         return "FAIL", Partitioning(counted=False)
@@ -72,7 +73,7 @@ def say_partitioning(f: Partitioning) -> str:
 # (b) memory
 
 
-def unmeasured_memory(dense, zero3) -> Optional[Memory]:
+def unmeasured_memory(dense: Results, zero3: Results) -> Optional[Memory]:
     """Why (b) cannot judge the two runs, as figures; None where it can."""
     runs = (("stage 0", dense), ("stage 3", zero3))
     untrained = tuple(name for name, rs in runs if rs[0].steps and not rs[0].applied_steps)
@@ -82,7 +83,7 @@ def unmeasured_memory(dense, zero3) -> Optional[Memory]:
     return Memory(uncounted=uncounted) if uncounted else None
 
 
-def measured_memory(dense, zero3) -> Memory:
+def measured_memory(dense: Results, zero3: Results) -> Memory:
     """(b)'s figures of two runs that both counted their model states."""
     s0, s3 = most(r.model_state_bytes for r in dense), most(r.model_state_bytes for r in zero3)
     ideal = most(r.predicted_model_state_bytes for r in dense) / most(r.predicted_model_state_bytes for r in zero3)
@@ -92,7 +93,7 @@ def measured_memory(dense, zero3) -> Memory:
                   on_gpu=zero3[0].mem_kind == "cuda")
 
 
-def memory(dense, zero3) -> tuple[str, Memory]:
+def memory(dense: Results, zero3: Results) -> tuple[str, Memory]:
     if failed(zero3):
         return "FAIL", Memory(unfinished="stage 3", status=status(zero3))
     if oom(dense):
@@ -115,7 +116,7 @@ def memory(dense, zero3) -> tuple[str, Memory]:
     return ("PASS" if f.states_ok and f.peak_ok else "FAIL"), f
 
 
-def change(before, after):
+def change(before: float, after: float) -> str:
     return f"{before / after:.2f}x less" if after <= before else f"{after / before:.2f}x more"
 
 
@@ -153,7 +154,7 @@ def say_memory(f: Memory) -> str:
 # (c) the loss
 
 
-def loss_falls(losses):
+def loss_falls(losses: list[float]) -> bool:
     """Falls at each of the first FALLING_STEPS steps, which train on the same rows, and no later step, on fresh
     rows, comes back to the first step's loss."""
     early = losses[:FALLING_STEPS]
@@ -161,42 +162,41 @@ def loss_falls(losses):
             and all(x < losses[0] for x in losses[FALLING_STEPS:]))
 
 
-def largest_gap(a, b):
+def largest_gap(a: list[float], b: list[float]) -> float:
     """The largest relative difference between two runs' losses, step by step; infinite where a loss is not
     finite (max() would pass over a NaN)."""
     gaps = [abs(x - y) / abs(x) for x, y in zip(a, b)]
     return max(gaps, default=0.0) if all(map(math.isfinite, gaps)) else math.inf
 
 
-def loss_gaps(a, b):
+def loss_gaps(a: RankResult, b: RankResult) -> tuple[float, float, bool]:
     """How far run b's losses are from run a's: at step 1, at any step, and whether both are within bounds."""
     a, b = a.trained_losses or [], b.trained_losses or []
     step1, anywhere = largest_gap(a[:1], b[:1]), largest_gap(a, b)
     return step1, anywhere, step1 <= FIRST_LOSS_RTOL and anywhere <= LOSS_RTOL
 
 
-def weights_apart(a, b):
+def weights_apart(a: RankResult, b: RankResult) -> float | None:
     """How far apart two runs' weights are after the steps on one batch (a checksum, which a fault too small to
     move the loss past LOSS_RTOL still moves); None where a run has no checksum."""
     x, y = a.trained_checksum, b.trained_checksum
     return abs(x - y) / abs(x) if x and y else None
 
 
-def design_losses(model, losses) -> Optional[dict]:
+def design_losses(model: str, losses: dict[str, list[float]]) -> Optional[dict]:
     """{stage: its loss at DESIGN_LOSS's step}, for the model the acceptance check names; else None."""
     if model != DESIGN_LOSS["model"] or len(losses["stage 3"]) < DESIGN_LOSS["step"]:
         return None
     return {name: x[DESIGN_LOSS["step"] - 1] for name, x in losses.items() if len(x) >= DESIGN_LOSS["step"]}
 
 
-def loss(dense, zero3) -> tuple[str, Loss]:
+def loss(dense: Results, zero3: Results) -> tuple[str, Loss]:
     if failed(zero3):
         return "FAIL", Loss(unfinished=status(zero3))
     finished = {"stage 3": zero3} if failed(dense) else {"stage 0": dense, "stage 3": zero3}
     losses = {name: rs[0].trained_losses or [] for name, rs in finished.items()}
     both = len(finished) == 2
-    f = Loss(losses=losses,
-             skipped={name: rs[0].skipped_steps for name, rs in finished.items() if rs[0].skipped_steps},
+    f = Loss(losses=losses, skipped={name: rs[0].skipped_steps for name, rs in finished.items() if rs[0].skipped_steps},
              not_falling=[name for name, x in losses.items() if not loss_falls(x)],
              gap=largest_gap(*losses.values()) if both else None,
              weights_apart=weights_apart(dense[0], zero3[0]) if both else None,
@@ -245,10 +245,11 @@ def say_loss(f: Loss) -> str:
 # (d) and (e), over all runs
 
 
-def promises(runs) -> Optional[tuple[str, Promises]]:
+def promises(runs: Runs) -> Optional[tuple[str, Promises]]:
     """Every run finished, or ran out of memory (a result too), and its ranks hold the share of parameters,
     gradients and optimizer states that their stage promises (result.add_shares)."""
-    held, broken = {}, []
+    held: dict[str, list[float] | None] = {}
+    broken: list[str] = []
     for name, rs in runs.items():
         if oom(rs):
             held[name] = None
@@ -269,7 +270,7 @@ def say_promises(f: Promises) -> str:
             + ("; FAILED: " + ", ".join(f.broken) if f.broken else ""))
 
 
-def same_training(runs) -> Optional[tuple[str, SameTraining]]:
+def same_training(runs: Runs) -> Optional[tuple[str, SameTraining]]:
     """Every finished run trains the same model as the reference among the runs with its settings
     (reference_rank's first): the same first-step loss within FIRST_LOSS_RTOL, and the same losses within
     LOSS_RTOL at every step. Settings that race show here: DeepSpeed's fast sharding for leaf modules on two
@@ -316,17 +317,17 @@ def pair_labels() -> str:
 # the verdict
 
 
-def lost_ranks(runs):
+def lost_ranks(runs: Runs) -> dict[str, list[int]]:
     """{run: the ranks that wrote no complete RESULT line} of the runs that look finished (reading.unaccounted)."""
     return {name: lost for name, rs in runs.items() if (lost := unaccounted(rs))}
 
 
-def say_lost(lost):
+def say_lost(lost: dict[str, list[int]]) -> str:
     return "; " + ", ".join(f"{name} rank(s) {' '.join(map(str, ranks))}" for name, ranks in lost.items()) + \
         " wrote no complete RESULT line (cut off, garbled, mistyped, missing, twice or beyond the world): not judged"
 
 
-def judged(criterion, *runs) -> list[Check]:
+def judged(criterion: Criterion, *runs: Results | Runs) -> list[Check]:
     """[Check] for one criterion, or [] where it has nothing to judge. A criterion of every
     rank judges the ranks that reported: what it finds wrong stands, but it cannot PASS a run with a rank
     unaccounted."""
@@ -341,7 +342,7 @@ def judged(criterion, *runs) -> list[Check]:
     return [Check(criterion.name, state, sentence, found[1])]
 
 
-def check_pair(dense, zero3) -> list[Check]:
+def check_pair(dense: Results, zero3: Results) -> list[Check]:
     """The checks of one stage-0 run against one stage-3 run."""
     if not dense or not zero3:  # a run that crashed without a result fails (d) instead
         return [Check(pair_labels(), "NOT OBSERVABLE", f"no plain stage-{0 if not dense else 3} run with this "
@@ -352,7 +353,7 @@ def check_pair(dense, zero3) -> list[Check]:
     return [row for c in CRITERIA if c.scope == PAIR for row in judged(c, dense, zero3)]
 
 
-def verdict(runs):
+def verdict(runs: Runs) -> tuple[dict[str, list[Check]], str]:
     """{scope: [Check]}, one scope per number of ranks with a stage-0 and a stage-3
     run, and one for all runs; and the overall status: FAIL if any check fails, PASS if some number of ranks
     passes every pair criterion, NOT OBSERVABLE otherwise (one rank, or no stage-0 and stage-3 pair)."""
@@ -369,7 +370,7 @@ def verdict(runs):
     return checks, "PASS" if passed and not unobserved else "NOT OBSERVABLE"
 
 
-def verdict_lines(checks):
+def verdict_lines(checks: dict[str, list[Check]]) -> list[str]:
     lines = []
     for scope, rows in checks.items():
         if len(checks) > 2:  # several numbers of ranks
@@ -378,7 +379,7 @@ def verdict_lines(checks):
     return lines
 
 
-def interruption(runs, deaths):
+def interruption(runs: Runs, deaths: list[str]) -> str | None:
     """The signal that interrupted the run, as run.sh (RUN_SIGNAL, a number) or a rank tells it; else None. A
     rank that died is a failure, not an interruption, though the launcher then stops its peers with SIGTERM."""
     number = os.environ.get("RUN_SIGNAL")
@@ -390,7 +391,7 @@ def interruption(runs, deaths):
     return next((r.interrupted_by for r in ranks if r.interrupted_by), None)
 
 
-def progress_lines(runs):
+def progress_lines(runs: Runs) -> list[str]:
     """How far each run got, and which runs never started (RUN_SKIPPED, from run.sh)."""
     lines = [f"{name} {rs[0].applied_steps} of {rs[0].steps_planned or '?'} steps"
              + (f" ({rs[0].skipped_steps} more skipped)" if rs[0].skipped_steps else "") if rs else f"{name} no result"
