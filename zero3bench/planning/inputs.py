@@ -6,6 +6,9 @@ import argparse
 import json
 import math
 import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from zero3bench.options import BadInput
 from zero3bench.result import RankResult
@@ -20,10 +23,11 @@ STEADY_FROM = 4
 MIN_STEADY = 20
 
 
-def between(kind, low, high, why, low_allowed=True):
+def between(kind: type[int] | type[float], low: float, high: float, why: str,
+            low_allowed: bool = True) -> Callable[[str], float]:
     """An argparse type: a finite number of kind (int or float) from low (or above it) to high; why says what
     high is."""
-    def parse(text):
+    def parse(text: str) -> float:
         value = kind(text)
         if not (math.isfinite(value) and (low <= value if low_allowed else low < value) and value <= high):
             span = f"from {number(low)} to" if low_allowed else f"above {number(low)} and at most"
@@ -33,7 +37,7 @@ def between(kind, low, high, why, low_allowed=True):
     return parse
 
 
-def number(x):
+def number(x: float) -> str:
     """A range's end as a user would write it: 1,048,576, or 1e+14."""
     return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e9 else f"{x:g}"
 
@@ -43,11 +47,11 @@ WHOLE = {"rank": 0, "stage": 0, "world_size": 1, "ranks_per_node": 1, "gpus": 1,
 POSITIVE = ("device_total_bytes", "peak_tflops", "flops_per_token")
 
 
-def positive_number(value):
+def positive_number(value: Any) -> bool:
     return type(value) in (int, float) and math.isfinite(value) and value > 0
 
 
-def record_problem(d):
+def record_problem(d: Any) -> tuple[str, str] | None:
     """What is wrong with one RESULT record for plan.py, as (key, what goes there), or None."""
     if not isinstance(d, dict):
         return "", "a RESULT record (an object)"
@@ -69,7 +73,7 @@ def record_problem(d):
     return None
 
 
-def read_checked(folder):
+def read_checked(folder: Path) -> dict[str, list[RankResult]]:
     """A results folder's runs, {name: [RankResult]}, each record checked for the types plan.py reads: one
     line naming the file and the key where one is wrong."""
     path = folder / "summary.json"
@@ -92,13 +96,13 @@ def read_checked(folder):
     return {name: [RankResult.from_dict(d) for d in records] for name, records in runs.items()}
 
 
-def steady_times(r):
+def steady_times(r: RankResult) -> list[float]:
     """A rank's steady steps' seconds: from STEADY_FROM (or after DeepCompile's last compile), not profiled."""
     first = max(STEADY_FROM, r.timed_from)
     return [s["time_s"] for s in r.steps if s["step"] >= first and not s.get("comm_s")]
 
 
-def steady_mfu(results):
+def steady_mfu(results: list[RankResult]) -> tuple[float, int] | None:
     """A run's MFU over its steady steps, the median over its ranks of each rank's median step, and how many
     steady steps it had (the fewest of any rank); None where no rank has one, or the run no peak or FLOPs."""
     ranks = [(r, steady_times(r)) for r in results if r.peak_tflops and r.flops_per_token]
@@ -108,7 +112,7 @@ def steady_mfu(results):
     return statistics.median(mfus), min(len(times) for _, times in ranks)
 
 
-def calibration(runs):
+def calibration(runs: dict[str, list[RankResult]]) -> dict[str, Any] | None:
     """The compute rate to plan with: the steady MFU of the run that reached the highest (the one that lost
     least to communication), a third higher where it checkpointed, as plan.py's --mfu counts the recomputed
     FLOPs; with the run's name, its number of steady steps and whether they are too few to trust. None where no

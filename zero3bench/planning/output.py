@@ -3,13 +3,15 @@ plan.py's output: the plan as text (its header, the table per setup and GPU coun
 and as a plot. It reads the plan's JSON alone.
 """
 import sys
+from pathlib import Path
+from typing import Any
 
 from zero3bench.formatting import format_table, gib
 
 MODES = ("overlapped", "serial")
 
 
-def within(inputs):
+def within(inputs: dict[str, Any]) -> str:
     curve = inputs["link_curve"]
     if not curve:
         return f"{inputs['intra_busbw_gbs']:g} GB/s"
@@ -17,7 +19,7 @@ def within(inputs):
             f"over {min(curve) / 2**20:g} MiB to {max(curve) / 2**20:g} MiB), read at each collective's call size")
 
 
-def header(p):
+def header(p: dict[str, Any]) -> list[str]:
     i, m = p["inputs"], p["model"]
     s = m["shape"]
     shape = (f"{s['layers']} layers, d_model {s['d_model']}, {s['heads']} heads, vocab {s['vocab']}, "
@@ -30,11 +32,11 @@ def header(p):
     return lines + [f"  {key} {i[key]:g}: {why}" for key, why in p["sources"].items()]
 
 
-def both(figures, spec):
+def both(figures: dict[str, float], spec: str) -> str:
     return " / ".join(format(figures[mode], spec) for mode in MODES)
 
 
-def main_table(p):
+def main_table(p: dict[str, Any]) -> str:
     offloaded = any(r["host_per_node"] for r in p["rows"])
     rows = [("setup", "GPUs", "link", "states", "DS est.", "activations", "peak", *(("host/node",) * offloaded),
              "fits", "left", "compute s", "comm s", "step s (overlap / serial)", "tok/s/GPU", "efficiency")]
@@ -48,7 +50,7 @@ def main_table(p):
     return format_table(rows)
 
 
-def comm_table(p):
+def comm_table(p: dict[str, Any]) -> str:
     """Each setup's collectives: GB per GPU and step (offload's copies are of a 1/G partition), and their
     seconds at each G, each alone."""
     rows = [("setup", "collective", "phase", "GB per GPU", *[f"s at {g}" for g in p["inputs"]["gpus"]])]
@@ -91,7 +93,7 @@ OFFLOAD_NOTES = [
 ]
 
 
-def headroom_note(p):
+def headroom_note(p: dict[str, Any]) -> list[str]:
     i = p["inputs"]
     return [f"fits: the reserved bytes (the peak, and the gradients freed between steps, which the allocator keeps",
             f"  cached) + a headroom of {i['reserve_gib'] + i['context_gib']:g} GiB (the allocator's reserve "
@@ -99,7 +101,7 @@ def headroom_note(p):
             f"remains"]
 
 
-def text(p):
+def text(p: dict[str, Any]) -> str:
     smallest = ", ".join(f"{p['labels'][s]}: {g if g else 'none up to ' + format(p['max_gpus'], ',')}"
                          for s, g in p["smallest_fitting_gpus"].items())
     offloaded = any(r["host_per_node"] for r in p["rows"])
@@ -109,7 +111,7 @@ def text(p):
                       f"smallest G on which the peak fits: {smallest}", "", *notes])
 
 
-def plot(p, path):
+def plot(p: dict[str, Any], path: Path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
