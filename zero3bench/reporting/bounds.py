@@ -2,6 +2,8 @@
 The verdict's bounds: how far apart two runs may be before a criterion fails, and what they must agree on to
 be compared. Each says where its figure comes from.
 """
+from typing import Any
+
 from zero3bench import options
 
 # Stage 3's model states per rank, as a fraction of stage 0's, may exceed the predicted fraction (1/G,
@@ -28,4 +30,4 @@ FIRST_LOSS_RTOL = 2e-4
 # step's later on.
 FALLING_STEPS = options.SAME_ROWS_STEPS
 # The acceptance check: "the loss falls from about 10 to below about 8 within the first steps" (1.3b model).
-DESIGN_LOSS = {"model": "1.3b", "step": 3, "below": 8.0}
+DESIGN_LOSS: dict[str, Any] = {"model": "1.3b", "step": 3, "below": 8.0}
