@@ -50,7 +50,8 @@ class GPTConfig:
 # tiny's 3e-3 overshot one batch at its third step on one CPU rank (seed 0:
 # 5.369, 4.718, 5.057); 1e-3 fell at each of the first 3 steps for seeds 0-5 and 10-15. small's 1e-5 rose at step 3
 # in bf16 on the H200 machine's CPU ranks (Python 3.12's sources as data: 5.574, 4.551, 4.794; the test suite there);
-# 5e-6 fell on 2 CPU ranks in fp32 here for seeds 0 and 1 (5.182, 4.273, 4.045; 5.504, 4.461, 4.199).
+# 5e-6 fell on 2 CPU ranks in fp32 here for seeds 0 and 1 (5.182, 4.273, 4.045; 5.504, 4.461, 4.199;
+# benchmarks/logs/cpu/small-rate).
 PRESETS = {
     "tiny": GPTConfig(2, 4, 128, 256, 256, 1e-3),
     "small": GPTConfig(8, 8, 1024, 256, 256, 5e-6),
