@@ -75,9 +75,19 @@ def gpus_as_launched() -> int:
     return int(probe.stdout.strip()) if probe.returncode == 0 else 0
 
 
+GPUS_SEEN = "ZERO3_TESTS_GPUS"  # gpus_as_launched's count, made once for pytest-xdist's workers
+
+
+def pytest_configure(config):
+    """Under pytest-xdist the GPUs are counted once, before the workers start: each inherits the count rather
+    than importing torch for it (16 workers on one H200's machine)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        os.environ.setdefault(GPUS_SEEN, str(gpus_as_launched()))
+
+
 def pytest_collection_modifyitems(config, items):
     on_gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if on_gpu and not config.option.collectonly and not gpus_as_launched():
+    if on_gpu and not config.option.collectonly and not int(os.environ.get(GPUS_SEEN) or gpus_as_launched()):
         for item in on_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a GPU, and torch sees none on this machine"))
 
