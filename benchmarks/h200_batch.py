@@ -73,6 +73,9 @@ BATCHES["probe2"] = {
 # that ran the test suite first, then one of its own
 BATCHES["unrun"] = {name: {**BATCHES["verdict"], **BATCHES["peaks"]}[name] for name in (
     "model_2.7b", "s3_r1", "mb8_no_checkpoint", "offload", "original_design", "compile", "r8")}
+# what was still unrun after the call of 27-suite-matrix/1-batch (which ran s3_r1)
+BATCHES["last"] = {name: job for name, job in BATCHES["unrun"].items() if name != "s3_r1"}
+BATCHES["r8"] = {"r8": BATCHES["peaks"]["r8"]}
 
 
 def launch(out: Path, name: str, args: str, limit_s: float) -> subprocess.Popen:
