@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from zero3bench.formatting import format_table  # noqa: E402
-from zero3bench.reporting import reading, verdict  # noqa: E402
+from zero3bench.reporting import losses, reading  # noqa: E402
 
 
 def row(folder):
@@ -15,12 +15,12 @@ def row(folder):
     dense, zero3 = runs.get("stage0"), runs.get("stage3")
     if not dense or not zero3:
         return None
-    status, _ = verdict.loss(dense, zero3)
+    status, _ = losses.loss(dense, zero3)
     a, b = dense[0], zero3[0]
-    apart = verdict.weights_apart(a, b) if not reading.failed(dense) and not reading.failed(zero3) else None
+    apart = losses.weights_apart(a, b) if not reading.failed(dense) and not reading.failed(zero3) else None
     losses = " -> ".join(f"{x:.3f}" for x in a.losses or [])
     return (a.seed, a.world_size, losses or reading.status(dense), status,
-            f"{verdict.largest_gap(a.losses, b.losses):.1e}" if apart is not None else "-",
+            f"{losses.largest_gap(a.losses, b.losses):.1e}" if apart is not None else "-",
             f"{apart:.1e}" if apart is not None else "-", folder)
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import report
-from zero3bench.reporting import reading, verdict
+from zero3bench.reporting import losses, reading, verdict
 from conftest import ROOT, planted, run
 
 
@@ -32,7 +32,7 @@ def test_fsdp2_shards_hold_the_same_initial_weights_as_stage_3(fsdp2_peer):
 def test_fsdp2_trains_like_stage_3_at_every_step(fsdp2_peer):
     zero3, peer = fsdp2_peer.runs["stage3"][0]["losses"], fsdp2_peer.runs["fsdp2"][0]["losses"]
     assert peer == pytest.approx(zero3, rel=verdict.LOSS_RTOL)
-    assert verdict.loss_falls(peer)
+    assert losses.loss_falls(peer)
 
 
 def test_fsdp2_holds_16_bytes_per_parameter_over_the_ranks_as_fp32_weights_grads_and_moments(fsdp2_peer):

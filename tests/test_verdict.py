@@ -39,6 +39,32 @@ def test_a_rate_of_0_fails_c_though_both_stages_agree(planted_faults, capsys):
     assert "stage 0 does not fall as it should" in out and "the stages DIFFER" not in out
 
 
+ORIGINAL_DESIGN = ROOT / "benchmarks/logs/h200/28-suite-matrix/2-batch/results/original_design"
+
+
+def test_a_loss_that_rises_alike_at_both_stages_at_a_rate_of_the_users_is_not_observable(capsys):
+    # the original design's config on 2 rehearsed ranks of an H200: fp16, lr 1e-4, no warm-up
+    [folder] = ORIGINAL_DESIGN.iterdir()
+    assert report.main([str(folder)]) == report.EXIT["NOT OBSERVABLE"]
+    out = capsys.readouterr().out
+    assert re.search(r"NOT OBSERVABLE  \(c\) .*stage 0 11\.120 -> 13\.594 -> 20\.019.* the loss does not fall, alike "
+                     r"at both stages, at this run's learning rate 0\.0001 \(its config's or --lr's; 5e-06 is the", out)
+    assert re.search(r"PASS  \(b\) ", out) and "VERDICT: NOT OBSERVABLE" in out
+
+
+def test_a_rate_of_the_users_does_not_excuse_stages_that_differ(tmp_path, capsys):
+    def own_rate(r):
+        return {**r, "lr": r["lr"] * 10}
+    def rise(r):
+        return {**own_rate(r), "losses": [r["losses"][0], r["losses"][1], r["losses"][1] + 1.0]}
+    [folder] = ORIGINAL_DESIGN.iterdir()
+    alike = planted(planted(folder, tmp_path, "stage0_original", own_rate), tmp_path, "stage3_original", own_rate)
+    assert report.main([str(alike)]) == report.EXIT["NOT OBSERVABLE"]
+    apart = planted(folder, tmp_path, "stage3_original", rise)
+    assert report.main([str(apart)]) == report.EXIT["FAIL"]
+    assert re.search(r"FAIL  \(c\) .*the stages DIFFER", capsys.readouterr().out)
+
+
 @pytest.mark.parametrize("fault", ["zero_grads", "perturb_shard"])
 def test_a_fault_on_one_rank_of_stage_3_shows_as_stages_that_differ(fault, planted_faults, capsys):
     report.main([str(planted_faults[fault])])

@@ -64,6 +64,8 @@ class Loss:
     steps: int = 0  # the fewest steps a stage applied
     at_design_step: Optional[dict] = None  # {stage: loss at DESIGN_LOSS's step}, for the model it names
     misses: list = field(default_factory=list)  # what (c) found wrong, in words
+    own_rate: Optional[float] = None  # the run's learning rate, where (c) missed only its fall, alike at both
+    preset_rate: Optional[float] = None  # stages, at a rate not the model's preset (its config's or --lr's)
 
 
 @dataclass(frozen=True)

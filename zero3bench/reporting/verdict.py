@@ -14,13 +14,11 @@ import signal
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from zero3bench import options
 from zero3bench.formatting import size
-from zero3bench.result import RankResult
-from .bounds import (DESIGN_LOSS, FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, MEMORY_SLACK, SAME_IN_BOTH,
-                     SAME_TRAINING, WEIGHTS_RTOL)
+from .bounds import FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, MEMORY_SLACK, SAME_IN_BOTH, SAME_TRAINING
 from .defects import known_defects
-from .figures import Check, Comparison, Loss, Memory, Partitioning, Promises, SameTraining
+from .losses import loss, loss_gaps, say_loss
+from .figures import Check, Comparison, Memory, Partitioning, Promises, SameTraining
 from .reading import Results, Runs, failed, most, oom, pairs, reference_rank, status, unaccounted
 from .theory import PEAK_SLACK, predicted_peak
 
@@ -148,97 +146,6 @@ def say_memory(f: Memory) -> str:
     return text + (f", expected {change(1, 1 / f.expected_peak_ratio)} or better{'' if f.peak_ok else ': MISSED'}: "
                    f"theory predicts {change(1, 1 / f.predicted_peak_ratio)} for these two runs (predict.rank_memory), "
                    f"and stage 3 may hold up to {PEAK_SLACK:g}x its predicted share)")
-
-
-# -----------------------------------------------------------------------------
-# (c) the loss
-
-
-def loss_falls(losses: list[float]) -> bool:
-    """Falls at each of the first FALLING_STEPS steps, which train on the same rows, and no later step, on fresh
-    rows, comes back to the first step's loss."""
-    early = losses[:FALLING_STEPS]
-    return (all(map(math.isfinite, losses)) and all(b < a for a, b in zip(early, early[1:]))
-            and all(x < losses[0] for x in losses[FALLING_STEPS:]))
-
-
-def largest_gap(a: list[float], b: list[float]) -> float:
-    """The largest relative difference between two runs' losses, step by step; infinite where a loss is not
-    finite (max() would pass over a NaN)."""
-    gaps = [abs(x - y) / abs(x) for x, y in zip(a, b)]
-    return max(gaps, default=0.0) if all(map(math.isfinite, gaps)) else math.inf
-
-
-def loss_gaps(a: RankResult, b: RankResult) -> tuple[float, float, bool]:
-    """How far run b's losses are from run a's: at step 1, at any step, and whether both are within bounds."""
-    a, b = a.trained_losses or [], b.trained_losses or []
-    step1, anywhere = largest_gap(a[:1], b[:1]), largest_gap(a, b)
-    return step1, anywhere, step1 <= FIRST_LOSS_RTOL and anywhere <= LOSS_RTOL
-
-
-def weights_apart(a: RankResult, b: RankResult) -> float | None:
-    """How far apart two runs' weights are after the steps on one batch (a checksum, which a fault too small to
-    move the loss past LOSS_RTOL still moves); None where a run has no checksum."""
-    x, y = a.trained_checksum, b.trained_checksum
-    return abs(x - y) / abs(x) if x and y else None
-
-
-def design_losses(model: str, losses: dict[str, list[float]]) -> Optional[dict]:
-    """{stage: its loss at DESIGN_LOSS's step}, for the model the acceptance check names; else None."""
-    if model != DESIGN_LOSS["model"] or len(losses["stage 3"]) < DESIGN_LOSS["step"]:
-        return None
-    return {name: x[DESIGN_LOSS["step"] - 1] for name, x in losses.items() if len(x) >= DESIGN_LOSS["step"]}
-
-
-def loss(dense: Results, zero3: Results) -> tuple[str, Loss]:
-    if failed(zero3):
-        return "FAIL", Loss(unfinished=status(zero3))
-    finished = {"stage 3": zero3} if failed(dense) else {"stage 0": dense, "stage 3": zero3}
-    losses = {name: rs[0].trained_losses or [] for name, rs in finished.items()}
-    both = len(finished) == 2
-    f = Loss(losses=losses, skipped={name: rs[0].skipped_steps for name, rs in finished.items() if rs[0].skipped_steps},
-             not_falling=[name for name, x in losses.items() if not loss_falls(x)],
-             gap=largest_gap(*losses.values()) if both else None,
-             weights_apart=weights_apart(dense[0], zero3[0]) if both else None,
-             steps=min(len(x) for x in losses.values()), at_design_step=design_losses(zero3[0].model, losses))
-    f = replace(f, misses=loss_misses(f))
-    if f.steps < FALLING_STEPS and not f.misses:
-        return "NOT OBSERVABLE", f
-    return ("FAIL" if f.misses else "PASS"), f
-
-
-def loss_misses(f: Loss) -> list[str]:
-    """What (c) found wrong, in words."""
-    misses = [f"{name} does not fall as it should" for name in f.not_falling]
-    if f.gap is not None and f.gap > LOSS_RTOL:
-        misses.append(f"the stages DIFFER by {f.gap:.2%}")
-    if f.weights_apart is not None and f.weights_apart > WEIGHTS_RTOL:
-        misses.append(f"the weights DIFFER by {f.weights_apart:.3%}")
-    return misses + [f"{name} is at {x:.3f} at step {DESIGN_LOSS['step']}"
-                     for name, x in (f.at_design_step or {}).items() if not x < DESIGN_LOSS["below"]]
-
-
-def say_loss(f: Loss) -> str:
-    if f.unfinished:
-        return f"stage 3 did not finish: {f.unfinished}"
-    text = "; ".join(f"{name} {' -> '.join(f'{x:.3f}' for x in losses)}" for name, losses in f.losses.items())
-    if f.skipped:  # logs from before steps were marked applied have none
-        text += " (the applied steps; skipped as fp16's loss scale overflowed: " + ", ".join(
-            f"{name} {n}" for name, n in f.skipped.items()) + ")"
-    if f.gap is not None:
-        text += f"; the stages agree to {f.gap:.2%} at every step (at most {LOSS_RTOL:.0%})"
-        if f.weights_apart is not None:
-            text += (f", and their weights after step {FALLING_STEPS} to {f.weights_apart:.3%} "
-                     f"(at most {WEIGHTS_RTOL:.1%})")
-    misses = f.misses
-    if f.steps < FALLING_STEPS and not misses:
-        return text + (f"; {f.steps} step(s) applied, and (c) judges the first {FALLING_STEPS}: "
-                       f"give --steps {FALLING_STEPS} or more" + (f", or a loss scale that overflows less (at most "
-                                                                   f"{options.MAX_SKIPPED_STEPS} steps are skipped)"
-                                                                   if f.skipped else ""))
-    if f.at_design_step is not None:
-        text += f"; below {DESIGN_LOSS['below']:g} by step {DESIGN_LOSS['step']}, as the acceptance check expects"
-    return text + ("; MISSED: " + ", ".join(misses) if misses else "")
 
 
 # -----------------------------------------------------------------------------
