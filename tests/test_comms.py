@@ -3,22 +3,22 @@ ZeRO paper's units, and nccl-tests' bus bandwidth."""
 import pytest
 import torch
 
-from zero3bench.accounting import comms, predict
+from zero3bench.accounting import comms, traffic
 
 
 def test_the_paper_moves_2_params_per_step_below_stage_3_and_3_at_stage_3():
-    assert [predict.comm_volume(stage, 8) for stage in (0, 1, 2, 3)] == [2, 2, 2, 3]
-    assert predict.comm_volume(3, 1) == 0
+    assert [traffic.comm_volume(stage, 8) for stage in (0, 1, 2, 3)] == [2, 2, 2, 3]
+    assert traffic.comm_volume(3, 1) == 0
 
 
 def test_volume_counts_an_all_reduce_twice():
     counts = {"all_gather": {"elems": 20}, "reduce_scatter": {"elems": 10}, "all_reduce": {"elems": 5}}
-    assert predict.volume(counts, 10) == 4.0
+    assert traffic.volume(counts, 10) == 4.0
 
 
 @pytest.mark.parametrize("kind, factor", [("all_gather", 0.75), ("reduce_scatter", 0.75), ("all_reduce", 1.5)])
 def test_bus_bandwidth_is_nccl_tests_algbw_times_its_factor(kind, factor):
-    assert predict.bus_bandwidth(kind, 8e9, 2.0, 4) == pytest.approx(4e9 * factor)
+    assert traffic.bus_bandwidth(kind, 8e9, 2.0, 4) == pytest.approx(4e9 * factor)
 
 
 def test_a_collective_is_counted_at_its_nccl_tests_size_once_even_when_it_calls_another():

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from zero3bench import options
-from zero3bench.accounting import explain, predict, shapes
+from zero3bench.accounting import explain, predict, shapes, traffic
 from zero3bench.exits import EXIT, SIGNALS
 from zero3bench.formatting import fmt, gib, pct, relative_error, size
 
@@ -199,11 +199,11 @@ class RankResult:
         """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
         the gradients, 3 for stage 3."""
         last = self.counted_comm()
-        return predict.volume(last, self.params_total) if last and self.params_total else None
+        return traffic.volume(last, self.params_total) if last and self.params_total else None
 
     @property
     def paper_comm_volume(self) -> int:
-        return predict.comm_volume(self.stage, self.world_size)
+        return traffic.comm_volume(self.stage, self.world_size)
 
     @property
     def busbw(self) -> dict[str, float | None] | None:
@@ -212,7 +212,7 @@ class RankResult:
         seconds = last_step(self, "comm_s")
         if not seconds or not self.comm_bytes:
             return None
-        return {kind: predict.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
+        return {kind: traffic.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
                 if t and self.comm_bytes[kind] >= BUSBW_MIN_BYTES else None for kind, t in seconds.items()}
 
     def link_busbw_at(self, nbytes: int) -> float | None:

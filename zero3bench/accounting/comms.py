@@ -18,7 +18,7 @@ import torch
 import torch.distributed
 
 from zero3bench import compat
-from zero3bench.accounting import predict
+from zero3bench.accounting import traffic
 
 if TYPE_CHECKING:
     from zero3bench.result import RankResult
@@ -168,6 +168,6 @@ def link_curve(device: torch.device, r: RankResult) -> dict[str, float] | None:
         seconds = gather_seconds(device, nbytes, world)
         if seconds is None:
             break
-        curve[str(nbytes)] = predict.bus_bandwidth("all_gather", nbytes // 2 // world * world * 2, seconds, world)
+        curve[str(nbytes)] = traffic.bus_bandwidth("all_gather", nbytes // 2 // world * world * 2, seconds, world)
     torch.cuda.reset_peak_memory_stats(device)
     return curve or None

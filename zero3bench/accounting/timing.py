@@ -5,7 +5,8 @@ compute. Pure arithmetic, as zero3bench/accounting/predict.py.
 """
 from typing import Any
 
-from zero3bench.accounting.predict import BUS_FACTOR, zero_setting
+from zero3bench.accounting.predict import zero_setting
+from zero3bench.accounting.traffic import BUS_FACTOR
 from zero3bench.stages import shards_params
 
 # When each engine's collectives run in a step, each of one copy of the 16-bit weights: in "forward" or
