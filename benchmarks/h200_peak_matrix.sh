@@ -37,6 +37,17 @@ for group in "$@"; do
         TIMELINE_OUT=$out/timeline TIMELINE_TAG=stage${stage}_$ck timed "timeline_stage${stage}$ck" \
           deepspeed --num_gpus 1 benchmarks/memory_timeline.py --stage "$stage" --config "$config" "$ck" --steps 4
       done ;;
+    traces)  # issue 33's misses of 28-suite-matrix, side by side: stage 2 on 8 rehearsed ranks, stage 3 offloaded on
+             # 2, and the original design's stage 3 on 2 (made by h200_batch.py's write_original_configs)
+      python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import h200_batch; h200_batch.write_original_configs()"
+      port=29700
+      for run in "stage2_r8 8 configs/ds_config_stage2.json" "offload_r2 2 configs/ds_config_stage3_offload.json" \
+                 "original3_r2 2 ds_config_stage3_original.json"; do
+        read -r tag n config <<< "$run"; port=$((port + 1))
+        TIMELINE_OUT=$out/timeline TIMELINE_TAG=$tag timed "timeline_$tag" python3 -m torch.distributed.run \
+          --nproc_per_node "$n" --master_port $port benchmarks/memory_timeline.py --config "$config" --steps 3 &
+      done
+      wait ;;
     table) python3 - "$RESULTS" > "$out/table.txt" 2>&1 <<'EOF'
 import json, sys
 from pathlib import Path

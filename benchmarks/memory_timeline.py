@@ -39,10 +39,45 @@ def gathered_elements():
 
 
 def note(event, where=""):
+    """A row; its interval_peak_gib is the most allocated since the row before (the peak is reset at each row)."""
+    interval = peak() / GiB
+    state["peak"] = max(state.get("peak", 0.0), interval)
     rows.append({"step": state["step"], "event": event, "where": where,
                  "allocated_gib": allocated() / GiB,
-                 "peak_gib": peak() / GiB,
+                 "peak_gib": state["peak"], "interval_peak_gib": interval,
                  "gathered_elements": gathered_elements()})
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def around(owner, name):
+    """A row before and after each call of owner.name, where the installed DeepSpeed has it: its optimizers'
+    own moments (the reduction of a bucket, the overflow check, the step's fp32 gradients)."""
+    original = getattr(owner, name, None)
+    if original is None:
+        return
+
+    def wrapped(*args, **kwargs):
+        note(name)
+        result = original(*args, **kwargs)
+        note(f"{name} done")
+        return result
+    setattr(owner, name, wrapped)
+
+
+def watch_zero_internals():
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer as Stage12
+    for name in ("reduce_ipg_grads", "average_tensor", "allreduce_and_scatter", "get_flat_partition",
+                 "all_gather_dp_groups", "_optimizer_step", "unscale_and_clip_grads"):
+        around(Stage12, name)
+    for name in ("_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "partition_grads",
+                 "has_overflow", "_prepare_fp32_grad_for_sub_group", "_optimizer_step", "unscale_and_clip_grads",
+                 "_reassign_or_swap_out_partitioned_parameters"):
+        around(Stage3, name)
+    for name in ("step", "unscale_and_clip_grads"):
+        around(FP16_Optimizer, name)
 
 
 def after(owner, name, event, where_of):
@@ -91,15 +126,17 @@ def watch(engine):
 
 def summary(steps):
     last = [r for r in rows if r["step"] == steps]
-    peak = max(r["peak_gib"] for r in last)
-    reached = next(i for i, r in enumerate(last) if r["peak_gib"] >= peak - 1e-6)
+    peak = max(r["interval_peak_gib"] for r in last)
+    reached = next(i for i, r in enumerate(last) if r["interval_peak_gib"] >= peak - 1e-6)
     lines = [f"step {steps}: peak {peak:.2f} GiB, first seen at event {reached} of {len(last)}: "
              f"between {last[reached - 1]['event']} {last[reached - 1]['where']} and "
              f"{last[reached]['event']} {last[reached]['where']}" if reached else f"step {steps}: peak {peak:.2f} GiB"]
     lines.append(f"most gathered: {max(r['gathered_elements'] for r in last):,} elements")
-    for r in sorted(last, key=lambda r: -r["allocated_gib"])[:12]:
-        lines.append(f"  {r['allocated_gib']:6.2f} GiB allocated, {r['gathered_elements']:>12,} gathered: "
-                     f"{r['event']} {r['where']}")
+    for i, r in sorted(enumerate(last), key=lambda ir: -ir[1]["interval_peak_gib"])[:12]:
+        before = last[i - 1] if i else {"event": "the step's start", "where": ""}
+        lines.append(f"  {r['interval_peak_gib']:6.2f} GiB at most between {before['event']} {before['where']} and "
+                     f"{r['event']} {r['where']} ({r['allocated_gib']:.2f} allocated after, "
+                     f"{r['gathered_elements']:,} gathered)")
     return "\n".join(lines)
 
 
@@ -109,6 +146,8 @@ build_engine, train = train_gpt.build_engine, train_gpt.train
 def watched_engine(model, run, config):
     engine = build_engine(model, run, config)
     (watch_fsdp2 if run.engine == "fsdp2" else watch_zero3)()
+    if run.engine != "fsdp2":
+        watch_zero_internals()
     watch(engine)
     return engine
 
