@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from zero3bench import stages
-from zero3bench.accounting import predict, timing
+from zero3bench.accounting import predict, timing, traffic
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
@@ -115,7 +115,7 @@ def bus_bandwidth(args, link, kind, stage, engine, model, zero):
     """The bus bandwidth a collective gets: within a node, the measured link's curve (--from) read at the size
     of one of its calls, else the flag or the assumption; across nodes, the network's."""
     if link == "intra" and args.link_curve:
-        return predict.read_curve(args.link_curve, timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
+        return traffic.read_curve(args.link_curve, timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
     return 1e9 * (args.inter_busbw_gbs if link == "inter" else args.intra_busbw_gbs)
 
 

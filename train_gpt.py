@@ -195,13 +195,17 @@ def resolve(args):
 
 def predicted_memory(run, config, world):
     """What theory says one rank of world will hold (predict.rank_memory, the formula that plan.py and each
-    RESULT's predicted_peak_bytes use), before anything is built."""
-    shape = PRESETS[run.model]
+    RESULT's predicted_peak_bytes use), before anything is built: a config's Adam is DeepSpeed's own, and ranks
+    beyond this host's GPUs rehearse on them (init_distributed)."""
+    shape, section = PRESETS[run.model], config.get("optimizer", {})
+    deepspeed_adam = (str(section.get("type", "")).lower() in ("adam", "adamw")
+                      and not section.get("params", {}).get("torch_adam"))
+    rehearsed = torch.cuda.is_available() and world > torch.cuda.device_count()
     return predict.rank_memory(run.stage, run.engine, run.dtype, world, shape.params,
                                config.get("zero_optimization", {}), shape, micro_batch=run.micro_batch, seq=run.seq,
                                checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,
                                flash=predict.uses_flash(torch.cuda.is_available(), run.dtype),
-                               on_gpu=torch.cuda.is_available())
+                               on_gpu=torch.cuda.is_available(), deepspeed_adam=deepspeed_adam, rehearsed=rehearsed)
 
 
 def prediction_line(run, config, world):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import plan
-from zero3bench.accounting import predict, timing
+from zero3bench.accounting import predict, timing, traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, GIB = 1e9, 2**30
@@ -207,7 +207,7 @@ def test_a_measured_links_curve_is_read_at_each_collectives_call_size(capsys, tm
     (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage3": [r]}}))
     p = planned(capsys, "--from", tmp_path, "--stages", "3", "--gpus", 2)
     block = plan.resolve_model(plan.parse_args([])).block
-    busbw = predict.read_curve({int(k): v for k, v in curve.items()}, 2 * block)
+    busbw = traffic.read_curve({int(k): v for k, v in curve.items()}, 2 * block)
     [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
     assert 20 * GB < busbw < 300 * GB
     assert gather["s"] == pytest.approx(timing.ring_seconds("all_gather", gather["bytes"], 2, busbw))

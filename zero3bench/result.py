@@ -220,7 +220,7 @@ class RankResult:
         at the nearest end beyond them; logs from before the curve hold one figure, at 256 MiB."""
         curve = self.link_busbw if isinstance(self.link_busbw, dict) else (
             {str(1 << 28): self.link_busbw} if self.link_busbw else None)
-        return predict.read_curve({int(k): v for k, v in curve.items()}, nbytes) if curve else None
+        return traffic.read_curve({int(k): v for k, v in curve.items()}, nbytes) if curve else None
 
     def tokens_per_step(self) -> int:
         return self.world_size * self.micro_batch * self.seq
@@ -267,11 +267,11 @@ def add_predictions(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zer
     optimizer step's fp32 gradients and the peak (predict.rank_memory, from this rank's counts), against which
     the measurement is judged; zero is the zero_optimization section as DeepSpeed read it."""
     shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
-    flash = predict.uses_flash(r.mem_kind == "cuda", r.dtype)
     m = predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, r.params_total, zero, shape, shard=shard,
                             persistent=r.persistent_elems, largest=r.largest_param_elems, micro_batch=r.micro_batch,
-                            seq=r.seq, checkpoint=r.checkpoint, flash=flash, loss_chunk=loss_chunk, offload=r.offload,
-                            on_gpu=r.mem_kind == "cuda")  # without GPUs, one memory
+                            seq=r.seq, checkpoint=r.checkpoint, loss_chunk=loss_chunk, offload=r.offload,
+                            flash=predict.uses_flash(r.mem_kind == "cuda", r.dtype), rehearsed=bool(r.rehearsal),
+                            on_gpu=r.mem_kind == "cuda", deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM)
     r.predicted_breakdown = m["breakdown"]
     r.predicted_model_state_bytes, r.predicted_host_state_bytes = m["states"], m["host_states"]
     r.deepspeed_estimate = predict.deepspeed_estimate(r.stage, r.params_total, r.largest_param_elems,

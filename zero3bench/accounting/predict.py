@@ -133,14 +133,23 @@ def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
     return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
 
 
-def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None):
+DEEPSPEED_ADAM = "deepspeed.FusedAdam"  # measure.optimizer_name of DeepSpeed's own Adam (a config's optimizer section)
+
+
+def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None,
+                         deepspeed_adam=False):
     """What the optimizer step makes on the device (nothing where the optimizer runs on the host): the fp32 gradients,
     from the 16-bit ones; stage 0 in fp32, and FSDP2, step on the gradients themselves. Stages 1 and 2
     (stage_1_and_2.py, step) first flatten the partition's gradients into one 16-bit tensor, then cast it to fp32, and
     free the flat copy only after the cast: both at once, 2 + 4 bytes per partition element (in fp32 the cast is the
-    flat copy itself: 4). Stage 3 makes its fp32 gradients one sub-group of at most sub_group elements at a time."""
+    flat copy itself: 4). Stage 3 makes its fp32 gradients one sub-group of at most sub_group elements at a time.
+    Stage 0 in fp16 with DeepSpeed's own Adam (a config's optimizer section) steps through FP16_Optimizer
+    (fused_optimizer.py, step), which casts each gradient to fp32 and then flattens the casts: 8 bytes an element
+    at once (the original design's config, 2 ranks: 29.43 GiB against 29.44 predicted; 28-suite-matrix)."""
     if optimizer_offloaded or engine == "fsdp2" or (shards_nothing(stage) and WIDTH[dtype] == 4):
         return 0
+    if shards_nothing(stage) and dtype == "fp16" and deepspeed_adam:
+        return 2 * MASTER_BYTES * shard
     if splits_one_buffer(stage):
         return (WIDTH[dtype] + (MASTER_BYTES if WIDTH[dtype] < 4 else 0)) * shard
     return MASTER_BYTES * min(shard, sub_group or shard)
@@ -160,6 +169,25 @@ def offloaded_grad_bytes(stage: int, engine: str, width: int, largest: int, worl
     if not (offloaded and shards_params(stage) and engine == "deepspeed"):
         return 0
     return (4 * width + MASTER_BYTES) * math.ceil(largest / world)
+
+
+def regathered_bytes(stage: int, engine: str, width: int, params: int, world: int, rehearsed: bool) -> int:
+    """Stages 1 and 2 all-gather the updated 16-bit weights at the step's end (utils.all_gather_dp_groups'
+    all_gather_into_tensor); over gloo, as ranks rehearsed on one GPU use, that makes a copy of the whole output on
+    the device, where NCCL gathers in place: 8 rehearsed ranks at stage 2 peaked there, 2.446 GiB over what they
+    held, against 2 x 1.314B bytes (28-suite-matrix/4-trace)."""
+    ones = rehearsed and world > 1 and engine == "deepspeed" and splits_one_buffer(stage)
+    return width * params if ones else 0
+
+
+def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], params: int) -> float:
+    """Stage 3's reduction of a full gradient bucket in backward (stage3.py, __avg_scatter_grads): the bucket's
+    flat copy and this rank's reduced partition of it, reduce_bucket_size elements in the training dtype, or the
+    model's where it is smaller. The original design's bucket of 5e8 made the peak of its stage 3
+    (28-suite-matrix/4-trace)."""
+    if not (shards_params(stage) and engine == "deepspeed" and world > 1):
+        return 0
+    return width * min(zero_setting(zero, "reduce_bucket_size"), params) * (1 + 1 / world)
 
 
 def frees_grads(stage: int, engine: str) -> bool:
@@ -258,8 +286,10 @@ def peak_bytes(m: dict[str, Any]) -> float:
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
     return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
+                           m["gathered"] + m["scatter"] + m["activations"] * m["unscattered"],
                            m["freed_grads"] + m["gathered"] + m["last_block"], m["reduced_grads"] + m["reduction"],
-                           m["offloaded_grad"], m["partition_grads"] + max(m["transient"], m["overflow_check"]))
+                           m["offloaded_grad"], m["partition_grads"] + max(m["transient"], m["overflow_check"]),
+                           m["regathered"])
 
 
 def reduced_grads_bytes(stage: int, dtype: str, freed: float, transient: float) -> float:
@@ -285,7 +315,8 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
                 shape: "GPTConfig | None" = None, *, shard: float | None = None, persistent: int = 0,
                 largest: int | None = None, block: float | None = None, root: int | None = None, micro_batch: int = 0,
                 seq: int = 0, checkpoint: bool = False, flash: bool = True, loss_chunk: int = 1,
-                offload: Mapping[str, str | bool | None] = NO_OFFLOAD, on_gpu: bool = True) -> dict[str, Any]:
+                offload: Mapping[str, str | bool | None] = NO_OFFLOAD, on_gpu: bool = True,
+                deepspeed_adam: bool = False, rehearsed: bool = False) -> dict[str, Any]:
     """One rank's memory in bytes, by term, and its predicted peak: the one formula that the RESULT records, the
     plan and the rehearsal's sizing use. params: the model's; shard: this rank's partition (counted, with
     padding; ceil(params / world) by default); persistent: elements stage 3 keeps whole besides; largest: the
@@ -312,18 +343,21 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
                                               checkpoint, zero),
          "activations": activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0,
          "last_block": block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0,
-         **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed)}
+         "scatter": scatter_bytes(stage, engine, width, world, zero, params),
+         "unscattered": 1 - min(1, zero_setting(zero, "reduce_bucket_size") / params),
+         "regathered": regathered_bytes(stage, engine, width, params, world, rehearsed),
+         **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam)}
     m["held"] = m["states"] - freed + m["buffers"] + m["workspace"]
     m["peak"] = peak_bytes(m)
     return m
 
 
-def step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed):
+def step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam):
     """rank_memory's terms of the moments after forward: stage 2's buckets in backward, the reduction and the
     gradients it reduces, the partition's gradients at the step and what the step makes."""
     offloaded = bool(offload["optimizer"])
     sub_group = sub_group_elems(zero, largest, world) if shards_params(stage) else None
-    transient = step_transient_bytes(stage, dtype, shard, offloaded, engine, sub_group)
+    transient = step_transient_bytes(stage, dtype, shard, offloaded, engine, sub_group, deepspeed_adam)
     largest_in_block = 3 * shape.d_model**2 if shape else 0  # qkv's weight
     reduction = 0 if offloaded else reduction_bytes(stage, engine, dtype, params, shard, zero, largest_in_block)
     partition = WIDTH[dtype] * shard if freed and splits_one_buffer(stage) else freed
@@ -362,15 +396,3 @@ def flops_per_token(params: int, layers: int, d_model: int, seq: int) -> int:
 
 def padded(vocab: int, multiple: int = 64) -> int:
     return multiple * math.ceil(vocab / multiple)
-
-
-def read_curve(curve: Mapping[int, float], x: float) -> float:
-    """A curve {x: y} read at x: log-linear between its points, its nearest end beyond them."""
-    xs = sorted(curve)
-    if x <= xs[0] or x >= xs[-1]:
-        return curve[xs[0] if x <= xs[0] else xs[-1]]
-    hi = next(i for i, v in enumerate(xs) if v >= x)
-    lo = hi - 1
-    w = (math.log(x) - math.log(xs[lo])) / (math.log(xs[hi]) - math.log(xs[lo]))
-    return curve[xs[lo]] + w * (curve[xs[hi]] - curve[xs[lo]])
-

@@ -2,6 +2,7 @@
 Communication in the units of its two references, without torch: the ZeRO paper's volume per step (in
 parameters), and nccl-tests' bus bandwidth, that accounting.comms's counts and timings are read in.
 """
+import math
 from collections.abc import Mapping
 
 from zero3bench.stages import shards_params
@@ -29,3 +30,14 @@ def bus_bandwidth(kind: str, nbytes: float, seconds: float, ranks: int) -> float
     """nccl-tests' bus bandwidth in bytes per second: the algorithm's (size over time) times what each rank
     must send of it, so that it is comparable with the link's bandwidth whatever the number of ranks."""
     return nbytes / seconds * BUS_FACTOR[kind](ranks)
+
+
+def read_curve(curve: Mapping[int, float], x: float) -> float:
+    """A curve {x: y} read at x: log-linear between its points, its nearest end beyond them."""
+    xs = sorted(curve)
+    if x <= xs[0] or x >= xs[-1]:
+        return curve[xs[0] if x <= xs[0] else xs[-1]]
+    hi = next(i for i, v in enumerate(xs) if v >= x)
+    lo = hi - 1
+    w = (math.log(x) - math.log(xs[lo])) / (math.log(xs[hi]) - math.log(xs[lo]))
+    return curve[xs[lo]] + w * (curve[xs[hi]] - curve[xs[lo]])
