@@ -294,6 +294,13 @@ def test_a_10_step_run_on_an_h200_is_uncertain_and_a_30_step_run_is_not(capsys):
     assert long["mfu"] / short["mfu"] == pytest.approx(1.18, abs=0.01)  # the drift that MIN_STEADY allows for
 
 
+def test_a_second_such_pair_gave_mfus_within_10_percent(capsys):
+    [ten], [thirty] = ((ROOT / "benchmarks/logs/h200/28-suite-matrix/3-steady-r8/results" / name).iterdir()
+                       for name in ("steady10", "steady30"))
+    short, long = (planned(capsys, "--from", folder, "--gpus", 8)["calibration"] for folder in (ten, thirty))
+    assert long["mfu"] / short["mfu"] == pytest.approx(1.085, abs=0.01)
+
+
 def test_a_run_without_a_steady_step_leaves_the_mfu_assumed_and_says_how_to_make_one(capsys, tmp_path):
     p = planned(capsys, "--from", folder_of(tmp_path, steps=record()["steps"][:3]), "--gpus", 8)
     assert p["inputs"]["mfu"] == plan.ASSUMED["mfu"][0] and p["calibration"] is None
