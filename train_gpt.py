@@ -12,12 +12,10 @@ in run.sh and report.py): 0 done, 1 failed, 2 bad input, 3 out of memory, 4 the 
 import math
 import os
 import signal
-import sysconfig
 import time
 import traceback
 from dataclasses import asdict
 from datetime import timedelta
-from pathlib import Path
 
 import deepspeed
 import numpy as np
@@ -25,34 +23,17 @@ import psutil
 import torch
 from deepspeed import comm as dist
 
-from zero3bench import compat, config_checks, fsdp2, machine, options, result, stages
-from zero3bench.accounting import comms, measure, predict
+from zero3bench import compat, fsdp2, machine, options, result, stages
+from zero3bench.inputs import prediction_line, resolve
+from zero3bench.accounting import comms, measure
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
-from zero3bench.formatting import START, log, phase, rank_table, size
+from zero3bench.formatting import START, log, phase, rank_table
 from model import DTYPES, GPT, Block
 
 IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
 
 # -----------------------------------------------------------------------------
-# data: deterministic for a seed and a step, the same at every stage
-
-
-def load_tokens(path, vocab, seq):
-    """The token stream: a nanoGPT .bin file (flat uint16), or else the bytes of Python's own sources, real
-    text that every Python installation ships."""
-    if path is None:
-        stdlib = Path(sysconfig.get_paths()["stdlib"])
-        tokens = np.frombuffer(b"".join(f.read_bytes() for f in sorted(stdlib.glob("*.py"))), dtype=np.uint8)
-    else:
-        options.check_token_file(path)
-        tokens = np.memmap(path, dtype=np.uint16, mode="r") if path.stat().st_size else np.zeros(0, np.uint16)
-    if len(tokens) < seq + 1:
-        raise options.BadInput(f"the data has {len(tokens)} tokens, fewer than one row of {seq} + 1")
-    # the first 16M tokens only: a corpus can be many GB; a stray id further on fails in the embedding
-    if path is not None and int(tokens[: 1 << 24].max()) >= vocab:
-        raise options.BadInput(f"--data {path}: token ids reach {int(tokens[: 1 << 24].max())}, outside the "
-                               f"vocabulary of {vocab}")
-    return tokens
+# data: deterministic for a seed and a step, the same at every stage (the token stream: zero3bench/inputs.py)
 
 
 def get_batch(tokens, seed, step, rank, micro_batch, world, seq, device):
@@ -174,45 +155,7 @@ def timed_step(engine, run, step, x, y, device, census):
 
 
 # -----------------------------------------------------------------------------
-# build: inputs, processes, model, engine
-
-
-def resolve(args):
-    """Check every input and fill in what depends on the machine, the config and the number of ranks. Returns
-    the DeepSpeed config, the run (options.Run), the tokens and one line that says how the inputs were read."""
-    on_gpu = torch.cuda.is_available()
-    model = args.model or ("1.3b" if on_gpu else "tiny")
-    shape = PRESETS[model]
-    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": config_checks.known_optimizer,
-            "fsdp2_missing": fsdp2.missing()}
-    world = args.check or int(os.environ["WORLD_SIZE"])
-    config, where = options.read_config(args.config), f" {args.config}"
-    config, autos = config_checks.from_other_tools(config, shape.d_model, where)
-    config, run, how = options.resolve(args, config, model, (shape.context, shape.lr), world, host)
-    config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, run.micro_batch, where), where)
-    return config, run, load_tokens(args.data, shape.vocab, run.seq), how + autos
-
-
-def predicted_memory(run, config, world):
-    """What theory says one rank of world will hold (predict.rank_memory, the formula that plan.py and each
-    RESULT's predicted_peak_bytes use), before anything is built: a config's Adam is DeepSpeed's own, and ranks
-    beyond this host's GPUs rehearse on them (init_distributed)."""
-    shape, section = PRESETS[run.model], config.get("optimizer", {})
-    deepspeed_adam = (str(section.get("type", "")).lower() in ("adam", "adamw")
-                      and not section.get("params", {}).get("torch_adam"))
-    rehearsed = torch.cuda.is_available() and world > torch.cuda.device_count()
-    return predict.rank_memory(run.stage, run.engine, run.dtype, world, shape.params,
-                               config.get("zero_optimization", {}), shape, micro_batch=run.micro_batch, seq=run.seq,
-                               checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,
-                               flash=predict.uses_flash(torch.cuda.is_available(), run.dtype),
-                               on_gpu=torch.cuda.is_available(), deepspeed_adam=deepspeed_adam, rehearsed=rehearsed)
-
-
-def prediction_line(run, config, world):
-    m = predicted_memory(run, config, world)
-    runtime = "" if torch.cuda.is_available() else ", and a CPU process's runtime besides"
-    return (f"predicted per rank at {world} rank(s): model states {size(m['states'])}, activations "
-            f"{size(m['activations'])}, peak {size(m['peak'])}{runtime}")
+# build: processes, model, engine (the inputs, checked and resolved: zero3bench/inputs.py)
 
 
 def init_distributed(timeout_s):

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from zero3bench import machine  # noqa: E402
+from zero3bench import inputs, machine  # noqa: E402
 import train_gpt  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def main():
     model = build(args.mode, args.model, device, args.checkpoint)
     params_total = sum(p.numel() for p in model.parameters())  # an FSDP2 DTensor's numel is the global size
     opt = torch.optim.AdamW(model.parameters(), lr=0.0, betas=(0.9, 0.95), weight_decay=0.1, fused=True)
-    tokens = train_gpt.load_tokens(None, shape.vocab, seq)
+    tokens = inputs.load_tokens(None, shape.vocab, seq)
     times, losses = [], []
     for step in range(1, args.steps + 1):
         x, y = train_gpt.get_batch(tokens, 0, step, rank, args.micro_batch, world, seq, device)

@@ -19,8 +19,8 @@ from typing import Any, NoReturn
 
 import torch
 
-from zero3bench import fsdp2, machine, options, stages
-import train_gpt
+from zero3bench import fsdp2, inputs, machine, options, stages
+from zero3bench.accounting.shapes import PRESETS
 
 # The acceptance check for memory is stated at 4 GPUs: stage 3 "about 3-4x lower per GPU" than stage 0.
 REHEARSED_RANKS = 4
@@ -49,16 +49,16 @@ def checked(argv: list[str], ranks: int) -> tuple[options.Run, dict[str, Any]]:
     """train_gpt.py's run (options.Run) and config, resolved for this many ranks; bad input ends here, as in
     train_gpt.py."""
     try:
-        args = options.parse_args([*argv, "--check", str(ranks)], train_gpt.PRESETS)
-        config, run, _, _ = train_gpt.resolve(args)
+        args = options.parse_args([*argv, "--check", str(ranks)], PRESETS)
+        config, run, _, _ = inputs.resolve(args)
     except options.BadInput as e:
         options.fail(str(e))
     return run, config
 
 
 def stage3_peak(run: options.Run, config: dict[str, Any], ranks: int) -> float:
-    """The predicted peak of one stage-3 rank of ranks (train_gpt.predicted_memory) and the CUDA context."""
-    return train_gpt.predicted_memory(run, config, ranks)["peak"] + CONTEXT_BYTES
+    """The predicted peak of one stage-3 rank of ranks (inputs.predicted_memory) and the CUDA context."""
+    return inputs.predicted_memory(run, config, ranks)["peak"] + CONTEXT_BYTES
 
 
 def rehearsal(argv: list[str]) -> tuple[int, str]:
@@ -97,7 +97,7 @@ def plan(ranks: str, stage_names: str, peer: str,
     if doubled:  # each run's log is its name's: a second would write into the first's
         bad(f"{' '.join(doubled)} would run twice; name each stage and number of ranks once")
     for n, name, run_argv in runs:
-        notes.append(f"{name}: {train_gpt.prediction_line(*checked(run_argv, n), n)}")
+        notes.append(f"{name}: {inputs.prediction_line(*checked(run_argv, n), n)}")
     return runs, notes
 
 
