@@ -341,9 +341,10 @@ PEAK_TOLERANCE = 0.05
 # with its optimizer offloaded, on one rank: 1.423 GiB against 1.499, the moment predicted being backward's start
 # (activations 727 MB), where the rank peaked 650 MB above what it held; not traced (the offload term, 618 MB, is
 # not its peak). Stage 3 offloaded on 2 and 4 rehearsed ranks (3.68 and 3.07 GiB against 2.56 and 1.92): what the
-# rank holds grows by about 1.2 GiB through backward and falls at its end (28-suite-matrix/4-trace/timeline,
-# offload_r2), not traced. The original design's stage 3 on 4 rehearsed ranks (9.66 GiB against 8.66): its peak
-# traced on 2 ranks (a 5e8 bucket's reduction, predict.scatter_bytes, within 3.5% there), not on 4.
+# rank holds climbs by about one reduce bucket's flat copy a block through half of backward and falls after
+# (28-suite-matrix/4-trace/timeline, offload_r2): perhaps reductions in flight over gloo piling up; not verified.
+# The original design's stage 3 on 4 rehearsed ranks (9.66 GiB against 8.66): its peak traced on 2 ranks (a 5e8
+# bucket's reduction, predict.scatter_bytes, within 3.5% there), not on 4.
 PEAK_MISSES = {
     "h200/27-suite-matrix/2-probe2/results/offload_350m/20261202-023617-Q4OC/summary.json stage3 G1 mb2 ck1": 0.054,
     "h200/28-suite-matrix/2-batch/results/offload/20261202-050315-6adS/summary.json stage3 G2 mb2 ck1": -0.305,
@@ -538,11 +539,13 @@ def test_the_host_holds_the_offloaded_states_and_the_cpu_optimizers_fp32_gradien
 
 
 def test_only_ranks_rehearsed_over_gloo_copy_the_gathered_weights_at_the_step_end_of_stages_1_and_2():
-    rehearsed, nccl = (predict.rank_memory(2, "deepspeed", "bf16", 8, PSI, {}, rehearsed=flag) for flag in (True, False))
+    rehearsed, nccl = (predict.rank_memory(2, "deepspeed", "bf16", 8, PSI, {}, rehearsed=flag)
+                       for flag in (True, False))
     assert rehearsed["regathered"] == 2 * PSI and nccl["regathered"] == 0
     assert predict.rank_memory(3, "deepspeed", "bf16", 8, PSI, {}, rehearsed=True)["regathered"] == 0
 
 
 def test_stage_0_in_fp16_with_deepspeeds_adam_holds_two_fp32_copies_of_the_gradients_at_its_step():
-    theirs, torchs = (predict.rank_memory(0, "deepspeed", "fp16", 2, PSI, {}, deepspeed_adam=flag) for flag in (True, False))
+    theirs, torchs = (predict.rank_memory(0, "deepspeed", "fp16", 2, PSI, {}, deepspeed_adam=flag)
+                      for flag in (True, False))
     assert theirs["transient"] == 8 * PSI and torchs["transient"] == 4 * PSI

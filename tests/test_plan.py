@@ -364,16 +364,16 @@ def test_fits_leaves_the_stated_headroom_and_says_what_is_left(capsys):
     reserved = predict.reserved_bytes(whole) / GIB
     p = planned(capsys, "--gpus", 1, "--stages", "0", "--gpu-mem-gib", reserved + 1)  # fits, but not the headroom
     [r] = p["rows"]
-    assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(1 - 4.5)
-    assert "a headroom of 4.5 GiB" in plan.output.text(p)
+    assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(1 - 5.5)
+    assert "a headroom of 5.5 GiB" in plan.output.text(p)
 
 
-def test_the_allocators_reserve_covers_every_committed_h200_run_that_records_its_config():
+def test_the_allocators_reserve_covers_every_committed_h200_run_of_the_projects_configs():
     from test_accounting import LOGS, predictable, records
     from zero3bench.result import add_predictions
     worst = 0
     for _, r in records(LOGS):
-        if predictable(r):
+        if predictable(r) and "_original" not in r.config:  # the original design's 5e8 buckets fragment more
             add_predictions(r, plan.PRESETS[r.model], plan.LOSS_CHUNK, r.zero_config or {})
             m = {"peak": r.predicted_peak_bytes, "freed_grads": r.predicted_breakdown["grads"] if
                  predict.frees_grads(r.stage, r.engine) else 0}

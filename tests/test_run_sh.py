@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import report
+from zero3bench.accounting.shapes import PRESETS
 from zero3bench.reporting import reading
 from zero3bench.reporting.verdict import CRITERIA, LOSS_RTOL
 from conftest import planted
@@ -148,8 +149,8 @@ def test_after_the_first_steps_a_batch_may_raise_the_loss_but_not_above_the_firs
 
 @pytest.mark.parametrize("third, verdict", [(8.5, 1), (7.5, 0)])
 def test_the_1_3b_model_must_be_below_8_by_step_3(third, verdict, run_sh, tmp_path, capsys):
-    def as_1_3b(r):
-        return {**r, "model": "1.3b", "losses": [11.1, 9.0, third]}
+    def as_1_3b(r):  # at 1.3b's own rate: at another, a loss that misses alike is not observable
+        return {**r, "model": "1.3b", "lr": PRESETS["1.3b"].lr, "losses": [11.1, 9.0, third]}
     folder = planted(planted(run_sh.folder, tmp_path, "stage0", as_1_3b), tmp_path, "stage3", as_1_3b)
     assert report.main([str(folder)]) == verdict
     assert ("stage 3 is at 8.500 at step 3" in capsys.readouterr().out) == (verdict == 1)
@@ -157,7 +158,7 @@ def test_the_1_3b_model_must_be_below_8_by_step_3(third, verdict, run_sh, tmp_pa
 
 @pytest.mark.parametrize("stage3_peak_gib, verdict", [(13, 1), (11.5, 0)])
 def test_on_gpus_the_peak_must_fall_as_far_as_theory_predicts(stage3_peak_gib, verdict, run_sh, tmp_path, capsys):
-    # the 1.3b model at 2 ranks: predict.rank_memory gives 2.23x, so (b) expects 2.23 / 1.15 = 1.94x or better
+    # the 1.3b model at 2 ranks: predict.rank_memory gives 2.21x, so (b) expects 2.21 / 1.15 = 1.92x or better
     def on_gpu(peak_gib):
         # a whole number of bytes, as a rank writes it: a float there leaves the rank unaccounted (reading.mistyped)
         return lambda r: {**r, "mem_kind": "cuda", "model": "1.3b", "seq": 1024,
@@ -166,4 +167,4 @@ def test_on_gpus_the_peak_must_fall_as_far_as_theory_predicts(stage3_peak_gib, v
     folder = planted(folder, tmp_path, "stage3", on_gpu(stage3_peak_gib))
     assert report.main([str(folder)]) == verdict
     out = capsys.readouterr().out
-    assert "expected 1.94x less or better" in out and ("MISSED" in out.split("(b)")[1].splitlines()[0]) == (verdict == 1)
+    assert "expected 1.92x less or better" in out and ("MISSED" in out.split("(b)")[1].splitlines()[0]) == (verdict == 1)
