@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from zero3bench.accounting import predict
+from zero3bench.accounting import timing
 from zero3bench.accounting.shapes import LOSS_CHUNK
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -101,4 +101,4 @@ class GPT(nn.Module):
         return total / targets.numel()
 
     def flops_per_token(self, params, seq):
-        return predict.flops_per_token(params, self.shape.layers, self.shape.d_model, seq)
+        return timing.flops_per_token(params, self.shape.layers, self.shape.d_model, seq)

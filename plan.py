@@ -135,7 +135,7 @@ def step_time(setup, model, args, world, zero):
     comm += [{"kind": "host_copy", "phase": phase, "bytes": nbytes, "s": nbytes / (1e9 * args.host_gbs)}
              for phase, nbytes in copies]
     layers, d_model = (model.shape.layers, model.shape.d_model) if model.shape else (None, 0)
-    per_token = predict.flops_per_token(model.params, layers or 0, d_model, args.seq)
+    per_token = timing.flops_per_token(model.params, layers or 0, d_model, args.seq)
     flops = timing.pass_flops(args.micro_batch * args.seq * per_token, args.checkpoint)
     compute = {p: f / (args.mfu * args.peak_tflops * 1e12) for p, f in flops.items()}
     step = timing.step_seconds(compute, [(c["phase"], c["s"]) for c in comm], layers)

@@ -73,7 +73,7 @@ LLAMA_8B = dict(params=8_030_261_248, layers=32, d_model=4096, heads=32, vocab=1
 def torchtitan_plan(capsys):
     """The plan as a user could ask for it: the MFU from the 8-GPU row's tokens/s (plan.py counts the
     recomputed forward as work, so 4/3 of the model's), H100 SXM's peak, 400 Gb/s links (the default)."""
-    per_token = predict.flops_per_token(LLAMA_8B["params"], LLAMA_8B["layers"], LLAMA_8B["d_model"], LLAMA_8B["seq"])
+    per_token = timing.flops_per_token(LLAMA_8B["params"], LLAMA_8B["layers"], LLAMA_8B["d_model"], LLAMA_8B["seq"])
     mfu = TORCHTITAN[8][0] * per_token / 989e12 * 4 / 3
     shape = [a for k, v in LLAMA_8B.items() for a in (f"--{k.replace('_', '-')}", v)]
     return rows(planned(capsys, *shape, "--stages", "fsdp2", "--gpus", 8, 128, "--micro-batch", 2, "--checkpoint",

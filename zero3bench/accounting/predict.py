@@ -106,7 +106,8 @@ def uses_flash(on_gpu: bool, dtype: str) -> bool:
     return on_gpu and WIDTH[dtype] == 2
 
 
-def activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk):
+def activation_bytes(shape: "GPTConfig", dtype: str, micro_batch: int, seq: int, checkpoint: bool, flash: bool,
+                     loss_chunk: int) -> int:
     """The activations when backward starts, their most: every block's saved tensors, or with checkpointing each
     block's input only, and the output layer's backward (output_layer_bytes); with checkpointing, a block
     recomputed during backward instead where it holds more than the output layer (not at 1.3b)."""
@@ -136,8 +137,8 @@ def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
 DEEPSPEED_ADAM = "deepspeed.FusedAdam"  # measure.optimizer_name of DeepSpeed's own Adam (a config's optimizer section)
 
 
-def step_transient_bytes(stage, dtype, shard, optimizer_offloaded, engine="deepspeed", sub_group=None,
-                         deepspeed_adam=False):
+def step_transient_bytes(stage: int, dtype: str, shard: float, optimizer_offloaded: bool, engine: str = "deepspeed",
+                         sub_group: float | None = None, deepspeed_adam: bool = False) -> float:
     """What the optimizer step makes on the device (nothing where the optimizer runs on the host): the fp32 gradients,
     from the 16-bit ones; stage 0 in fp32, and FSDP2, step on the gradients themselves. Stages 1 and 2
     (stage_1_and_2.py, step) first flatten the partition's gradients into one 16-bit tensor, then cast it to fp32, and
@@ -213,7 +214,8 @@ def grad_bucket_bytes(stage: int, engine: str, width: int, zero: dict[str, Any])
     return (2 if zero.get("overlap_comm") else 1) * width * zero_setting(zero, "reduce_bucket_size")
 
 
-def reduction_bytes(stage, engine, dtype, params, shard, zero, largest_in_block=0):
+def reduction_bytes(stage: int, engine: str, dtype: str, params: int, shard: float, zero: dict[str, Any],
+                    largest_in_block: int = 0) -> float:
     """What DeepSpeed makes after backward to reduce the gradients, on top of them, before the step:
     - stage 0 (engine.py, allreduce_no_retain): a flat copy of a bucket of gradients, filled until it passes
       ALLREDUCE_ELEMS (the tensor that passes it adds at most a block's largest, largest_in_block), in the
@@ -239,7 +241,8 @@ def buffer_bytes(stage: int, engine: str, width: int, zero: dict[str, Any]) -> f
     return width * zero_setting(zero, "reduce_bucket_size") if shards_params(stage) and engine == "deepspeed" else 0
 
 
-def gathered_bytes(stage, engine, width, world, block, embedding, root, prefetch, params=math.inf):
+def gathered_bytes(stage: int, engine: str, width: int, world: int, block: float, embedding: int, root: int,
+                   prefetch: float, params: float = math.inf) -> float:
     """The 16-bit weights that stage 3 holds gathered at once, on top of its shards: DeepSpeed the module it computes (a
     whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket ahead of it, no more
     than the model holds (params: a model smaller than the bucket gathers itself whole at most), but nothing on one
@@ -253,7 +256,8 @@ def gathered_bytes(stage, engine, width, world, block, embedding, root, prefetch
     return width * min(max(block, embedding) + prefetch, params) if world > 1 else 0
 
 
-def saved_weights_bytes(stage, engine, width, world, layers, block, checkpoint, zero):
+def saved_weights_bytes(stage: int, engine: str, width: int, world: int, layers: int, block: float, checkpoint: bool,
+                        zero: dict[str, Any]) -> float:
     """The gathered 16-bit weights that autograd keeps for backward at stage 3 on more than one rank, without
     checkpointing and with torch's own linear layer (memory_efficient_linear false, as ds_config_stage3.json
     has it): each Linear saves its weight, and DeepSpeed's release cannot free a storage that autograd still
@@ -352,7 +356,9 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
     return m
 
 
-def step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam):
+def step_terms(stage: int, engine: str, dtype: str, world: int, params: int, shard: float, largest: int,
+               zero: dict[str, Any], shape: "GPTConfig | None", offload: Mapping[str, str | bool | None], freed: float,
+               deepspeed_adam: bool) -> dict[str, float]:
     """rank_memory's terms of the moments after forward: stage 2's buckets in backward, the reduction and the
     gradients it reduces, the partition's gradients at the step and what the step makes."""
     offloaded = bool(offload["optimizer"])
@@ -378,7 +384,8 @@ def shares(states: Mapping[str, float], whole: Mapping[str, float]) -> dict[str,
     return {group: held / alone for group, (held, alone) in groups.items()}
 
 
-def holds_as_promised(held, promised, stage, straddling, tolerance):
+def holds_as_promised(held: Mapping[str, float], promised: Mapping[str, float], stage: int, straddling: float,
+                      tolerance: float) -> bool:
     """Each group that the stage partitions is held at its promised share, and no group above it, give or
     take tolerance; at stages 1 and 2 DeepSpeed also keeps whole the gradients of the (at most two)
     tensors that straddle this rank's partition boundaries: a share of `straddling`."""
@@ -386,12 +393,6 @@ def holds_as_promised(held, promised, stage, straddling, tolerance):
              for group in held}
     return all(held[g] <= promised[g] + slack[g] and (g not in PARTITIONS[stage] or held[g] >= promised[g] - slack[g])
                for g in held)
-
-
-def flops_per_token(params: int, layers: int, d_model: int, seq: int) -> int:
-    """Training FLOPs per token: 6 per parameter (forward and backward) and 12·L·d·T for attention's
-    scores and values (PaLM, appendix B), without checkpointing's recomputation."""
-    return 6 * params + 12 * layers * d_model * seq
 
 
 def padded(vocab: int, multiple: int = 64) -> int:

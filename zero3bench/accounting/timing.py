@@ -74,3 +74,9 @@ def param_fetches(width: int, shard: float) -> list[tuple[str, float]]:
     """With the parameters on the host too (ZeRO-Infinity's offload_param), each rank copies its 16-bit
     partition in for forward and again for backward: (phase, bytes) over PCIe."""
     return [("forward", width * shard), ("backward", width * shard)]
+
+
+def flops_per_token(params: int, layers: int, d_model: int, seq: int) -> int:
+    """Training FLOPs per token: 6 per parameter (forward and backward) and 12·L·d·T for attention's
+    scores and values (PaLM, appendix B), without checkpointing's recomputation."""
+    return 6 * params + 12 * layers * d_model * seq
