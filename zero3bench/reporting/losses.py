@@ -64,7 +64,7 @@ def loss(dense: Results, zero3: Results) -> tuple[str, Loss]:
     f = replace(f, misses=loss_misses(f))
     if f.steps < FALLING_STEPS and not f.misses:
         return "NOT OBSERVABLE", f
-    if f.misses and alike(f) and own_rate(zero3[0]):
+    if f.misses and alike(f) and at_own_rate(zero3[0]):
         return "NOT OBSERVABLE", replace(f, own_rate=zero3[0].lr, preset_rate=PRESETS[zero3[0].model].lr)
     return ("FAIL" if f.misses else "PASS"), f
 
@@ -75,7 +75,7 @@ def alike(f: Loss) -> bool:
             and (f.weights_apart is None or f.weights_apart <= WEIGHTS_RTOL))
 
 
-def own_rate(r: RankResult) -> bool:
+def at_own_rate(r: RankResult) -> bool:
     """The run trained at a rate of its own (its config's or --lr's), not its model's preset: one at which the
     loss does not fall, alike at both stages, says nothing of ZeRO-3 (the original design's 1e-4 rose at both)."""
     preset = PRESETS.get(r.model)
