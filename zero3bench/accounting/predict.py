@@ -177,18 +177,18 @@ def regathered_bytes(stage: int, engine: str, width: int, params: int, world: in
     all_gather_into_tensor); over gloo, as ranks rehearsed on one GPU use, that makes a copy of the whole output on
     the device, where NCCL gathers in place: 8 rehearsed ranks at stage 2 peaked there, 2.446 GiB over what they
     held, against 2 x 1.314B bytes (28-suite-matrix/4-trace)."""
-    ones = rehearsed and world > 1 and engine == "deepspeed" and splits_one_buffer(stage)
-    return width * params if ones else 0
+    return width * params if rehearsed and world > 1 and engine == "deepspeed" and splits_one_buffer(stage) else 0
 
 
-def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], params: int) -> float:
-    """Stage 3's reduction of a full gradient bucket in backward (stage3.py, __avg_scatter_grads): the bucket's
-    flat copy and this rank's reduced partition of it, reduce_bucket_size elements in the training dtype, or the
-    model's where it is smaller. The original design's bucket of 5e8 made the peak of its stage 3
-    (28-suite-matrix/4-trace)."""
+def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], params: int,
+                  activations: float) -> float:
+    """Stage 3's reduction of its first full gradient bucket in backward (stage3.py, __avg_scatter_grads): the flat
+    copy of reduce_bucket_size elements (the model's, where fewer) and this rank's part, and the activations of the
+    backward not yet run then. The original design's 5e8 made its stage 3's peak (28-suite-matrix/4-trace)."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1):
         return 0
-    return width * min(zero_setting(zero, "reduce_bucket_size"), params) * (1 + 1 / world)
+    bucket = min(zero_setting(zero, "reduce_bucket_size"), params)
+    return width * bucket * (1 + 1 / world) + activations * (1 - bucket / params)
 
 
 def frees_grads(stage: int, engine: str) -> bool:
@@ -284,13 +284,15 @@ def peak_bytes(m: dict[str, Any]) -> float:
       activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
     - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights gathered,
       and the first block's activations, whose backward comes last;
+    - stage 3's reduction of its first full bucket in backward, with the weights gathered (scatter_bytes);
     - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
     - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
-      (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's gradient.
+      (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's gradient;
+      on rehearsed ranks, the all-gather of the updated weights at the step's end (regathered_bytes).
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
     return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
-                           m["gathered"] + m["scatter"] + m["activations"] * m["unscattered"],
+                           m["gathered"] + m["scatter"],
                            m["freed_grads"] + m["gathered"] + m["last_block"], m["reduced_grads"] + m["reduction"],
                            m["offloaded_grad"], m["partition_grads"] + max(m["transient"], m["overflow_check"]),
                            m["regathered"])
@@ -337,18 +339,17 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
     kept = width * persistent if "params" in on_host else 0  # persistent parameters stay on the GPU
     device = sum(v for k, v in states.items() if k not in on_host) + kept
     freed = states["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
-    m: dict[str, Any]  # its terms, and the model states by kind
-    m = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
+    activations = activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0
+    m: dict[str, Any] = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
          "host_buffers": host_buffer_bytes(shard, offload) if on_gpu else 0,
          "buffers": buffer_bytes(stage, engine, width, zero), "workspace": WORKSPACE_BYTES if on_gpu else 0,
          "freed_grads": freed, "gathered": gathered_bytes(stage, engine, width, world, block, embedding, root,
                                                           zero_setting(zero, "stage3_prefetch_bucket_size"), params),
          "saved_weights": saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0, block,
                                               checkpoint, zero),
-         "activations": activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0,
+         "activations": activations,
          "last_block": block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0,
-         "scatter": scatter_bytes(stage, engine, width, world, zero, params),
-         "unscattered": 1 - min(1, zero_setting(zero, "reduce_bucket_size") / params),
+         "scatter": scatter_bytes(stage, engine, width, world, zero, params, activations),
          "regathered": regathered_bytes(stage, engine, width, params, world, rehearsed),
          **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam)}
     m["held"] = m["states"] - freed + m["buffers"] + m["workspace"]
