@@ -163,7 +163,7 @@ def init_distributed(timeout_s):
     rehearsal, in which each rank's memory is real but speed is not. Returns the device and how the ranks
     sit on the GPUs, and a gloo group of its own in which a timed-out rank asks which peer stopped answering."""
     local_rank, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    local_size = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or world)
+    local_size = machine.local_ranks(world)
     if torch.cuda.is_available():
         gpus_here = torch.cuda.device_count()
         device = machine.use_gpu(local_rank % gpus_here)

@@ -70,7 +70,7 @@ def watch_zero_internals():
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3 as Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer as Stage12
     for name in ("reduce_ipg_grads", "average_tensor", "allreduce_and_scatter", "get_flat_partition",
-                 "all_gather_dp_groups", "_optimizer_step", "unscale_and_clip_grads"):
+                 "_optimizer_step", "unscale_and_clip_grads"):
         around(Stage12, name)
     for name in ("_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads", "partition_grads",
                  "has_overflow", "_prepare_fp32_grad_for_sub_group", "_optimizer_step", "unscale_and_clip_grads",

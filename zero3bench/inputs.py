@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zero3bench import config_checks, fsdp2, options
+from zero3bench import config_checks, fsdp2, machine, options
 from zero3bench.accounting import predict
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
 from zero3bench.formatting import size
@@ -54,12 +54,12 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], options.Run, np.n
 
 def predicted_memory(run: options.Run, config: dict[str, Any], world: int) -> dict[str, Any]:
     """What theory says one rank of world will hold (predict.rank_memory, the formula that plan.py and each
-    RESULT's predicted_peak_bytes use), before anything is built: a config's Adam is DeepSpeed's own, and ranks
-    beyond this host's GPUs rehearse on them (init_distributed)."""
+    RESULT's predicted_peak_bytes use), before anything is built: a config's Adam is DeepSpeed's own, and the
+    ranks on this host beyond its GPUs rehearse on them, as train_gpt.init_distributed places them."""
     shape, section = PRESETS[run.model], config.get("optimizer", {})
     deepspeed_adam = (str(section.get("type", "")).lower() in ("adam", "adamw")
                       and not section.get("params", {}).get("torch_adam"))
-    rehearsed = torch.cuda.is_available() and world > torch.cuda.device_count()
+    rehearsed = torch.cuda.is_available() and machine.local_ranks(world) > torch.cuda.device_count()
     return predict.rank_memory(run.stage, run.engine, run.dtype, world, shape.params,
                                config.get("zero_optimization", {}), shape, micro_batch=run.micro_batch, seq=run.seq,
                                checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,

@@ -134,6 +134,11 @@ def checked_launcher_env(env: MutableMapping[str, str] = os.environ) -> str:
     return launcher
 
 
+def local_ranks(world: int, env: Mapping[str, str] = os.environ) -> int:
+    """The ranks on this host: the launcher's count (torchrun's LOCAL_WORLD_SIZE, Open MPI's LOCAL_SIZE), else all."""
+    return int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or world)
+
+
 def launcher_node(launcher: str, env: Mapping[str, str] = os.environ) -> str:
     """The node this rank runs on, by its launcher's name for it: srun's, or the deepspeed launcher's hostfile's
     (where two names reach one host, the host's own name would not tell the nodes apart); else the host's name."""
