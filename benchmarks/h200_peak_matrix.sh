@@ -5,7 +5,8 @@
 # GROUP: s012_r1, s3_r1 (stages 0, 1, 2; 3, 3_offload and FSDP2, one rank), s012_r4, s3_r4 (the same on 4
 # rehearsed ranks), r2, r8 (2 and 8 rehearsed ranks), fp16 (12 steps: the loss scale skips the first ones, and
 # the prediction holds from the first applied step), fp32 (350m, 2 ranks), mb1, mb8, mb16 (checkpointing on and
-# off), tiny, 350m, 2.7b, compile, timelines (where the step's peak is, for the two misses still open: stage 3
+# off), tiny, 350m, 2.7b, compile, live and live_cap (what stage 3's backward holds, and the host's resident set:
+# h200/29-live), timelines (where the step's peak is, for the two misses still open: stage 3
 # with its optimizer offloaded, 0.37 GiB over the prediction at one rank in issue 33's trial, and stage 2 without
 # checkpointing), table (measured and predicted peaks of every run under OUT_DIR).
 set -uo pipefail
@@ -46,6 +47,34 @@ for group in "$@"; do
         read -r tag n config <<< "$run"; port=$((port + 1))
         TIMELINE_OUT=$out/timeline TIMELINE_TAG=$tag timed "timeline_$tag" python3 -m torch.distributed.run \
           --nproc_per_node "$n" --master_port $port benchmarks/memory_timeline.py --config "$config" --steps 3 &
+      done
+      wait ;;
+    live)  # issue 33's misses left, one run at a time: the device memory and the host's resident set at each event,
+           # and in step 3 what is live after each bucket's reduction (TIMELINE_LIVE): stage 3 offloaded on 1, 2 and 4
+           # rehearsed ranks of 1.3b and on 1 of 350m, and the original design's stage 3 on 4
+      python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import h200_batch; h200_batch.write_original_configs()"
+      for run in "offload_r1 1 1.3b configs/ds_config_stage3_offload.json" \
+                 "offload_r2 2 1.3b configs/ds_config_stage3_offload.json" \
+                 "offload_r4 4 1.3b configs/ds_config_stage3_offload.json" \
+                 "offload350m_r1 1 350m configs/ds_config_stage3_offload.json" \
+                 "original3_r4 4 1.3b ds_config_stage3_original.json"; do
+        read -r tag n model config <<< "$run"
+        TIMELINE_OUT=$out/timeline TIMELINE_TAG=$tag TIMELINE_LIVE=3 timed "timeline_$tag" python3 -m \
+          torch.distributed.run --nproc_per_node "$n" --master_port 29710 benchmarks/memory_timeline.py \
+          --config "$config" --model "$model" --steps 3
+      done ;;
+    live_cap)  # the live group's pile-up of gathered blocks in backward against stage3_max_live_parameters (1e9 in
+               # the offload config and DeepSpeed's default, 1e8 in ds_config_stage3.json): 2 rehearsed ranks each, at once
+      for run in "offload_live1e8 configs/ds_config_stage3_offload.json 1e8" \
+                 "offload_live5e8 configs/ds_config_stage3_offload.json 5e8" \
+                 "stage3_live1e9 ds_config_stage3.json 1e9"; do
+        read -r tag config live <<< "$run"; port=$((${port:-29720} + 1))
+        python3 -c "import json, sys; c = json.load(open(sys.argv[1])); \
+c['zero_optimization']['stage3_max_live_parameters'] = float(sys.argv[2]); json.dump(c, open(sys.argv[3], 'w'))" \
+          "$config" "$live" "$out/$tag.json"
+        TIMELINE_OUT=$out/timeline TIMELINE_TAG=$tag TIMELINE_LIVE=3 timed "timeline_$tag" python3 -m \
+          torch.distributed.run --nproc_per_node 2 --master_port $port benchmarks/memory_timeline.py \
+          --config "$out/$tag.json" --steps 3 &
       done
       wait ;;
     table) python3 - "$RESULTS" > "$out/table.txt" 2>&1 <<'EOF'

@@ -2,13 +2,16 @@
 Where the peak of a step goes (issue 13), without recording the allocator's history (which broke the step on
 the H200s): train_gpt.py as it is, with the device memory allocated, the running peak, and (ZeRO-3) the
 elements of the gathered non-persistent parameters written at each gather and release of parameters, at the
-forward of each top-level module and around backward and the optimizer step. One CSV per rank; rank 0 prints
-the last step's largest moments and where its peak was reached.
+forward of each top-level module and around backward and the optimizer step, and the host's resident set, now
+and its peak so far. One CSV per rank; rank 0 prints the last step's largest moments and where its peak was reached.
   TIMELINE_OUT=dir TIMELINE_TAG=name deepspeed --num_gpus 2 benchmarks/memory_timeline.py [train_gpt.py options]
 """
+import collections
 import csv
+import gc
 import os
 import re
+import resource
 import sys
 from pathlib import Path
 
@@ -29,6 +32,30 @@ GiB = 2 ** 30
 allocated, peak = ((torch.cuda.memory_allocated, torch.cuda.max_memory_allocated) if torch.cuda.is_available()
                    else (lambda: 0, lambda: 0))
 rows, state = [], {"step": 1, "params": [], "names": {}}
+# TIMELINE_LIVE=N: in step N, at each bucket's reduction, the CUDA tensors that Python holds and the allocator's
+# live blocks, by size, into TAG_live_rankR.txt: what piles up where the allocated memory climbs
+LIVE_STEP = int(os.environ.get("TIMELINE_LIVE", "0"))
+live_lines = []
+
+
+def rss_gib():
+    """The process's resident set now, and its peak so far: the host memory that offload costs."""
+    with open("/proc/self/statm") as f:
+        now = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return now / GiB, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GiB
+
+
+def live_census(event):
+    """Python's CUDA tensors by (dtype, elements) and the allocator's active blocks by MiB, most bytes first."""
+    held = collections.Counter()
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and o.is_cuda and o.numel() > (1 << 20):
+            held[(str(o.dtype), o.numel(), o.untyped_storage().data_ptr())] += 1
+    by_size = collections.Counter((dtype, n) for dtype, n, _ in held)
+    blocks = collections.Counter(round(b["size"] / 2 ** 20) for seg in torch.cuda.memory._snapshot()["segments"]
+                                 for b in seg["blocks"] if b["state"] == "active_allocated" and b["size"] >= 2 ** 20)
+    live_lines.append(f"{event} allocated {allocated() / GiB:.3f} GiB; tensors {sorted(by_size.items())}; "
+                      f"blocks MiB {sorted(blocks.items())}")
 
 
 def gathered_elements():
@@ -42,10 +69,13 @@ def note(event, where=""):
     """A row; its interval_peak_gib is the most allocated since the row before (the peak is reset at each row)."""
     interval = peak() / GiB
     state["peak"] = max(state.get("peak", 0.0), interval)
+    rss, peak_rss = rss_gib()
     rows.append({"step": state["step"], "event": event, "where": where,
                  "allocated_gib": allocated() / GiB,
                  "peak_gib": state["peak"], "interval_peak_gib": interval,
-                 "gathered_elements": gathered_elements()})
+                 "gathered_elements": gathered_elements(), "rss_gib": rss, "peak_rss_gib": peak_rss})
+    if state["step"] == LIVE_STEP and event.endswith("ipg_grads done") and torch.cuda.is_available():
+        live_census(event)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
 
@@ -145,6 +175,7 @@ build_engine, train = train_gpt.build_engine, train_gpt.train
 
 def watched_engine(model, run, config):
     engine = build_engine(model, run, config)
+    note("engine ready")
     (watch_fsdp2 if run.engine == "fsdp2" else watch_zero3)()
     if run.engine != "fsdp2":
         watch_zero_internals()
@@ -161,6 +192,8 @@ def watched_train(engine, run, *rest):
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(rows)
+        if live_lines:
+            (OUT / f"{TAG}_live_rank{RANK}.txt").write_text("\n".join(live_lines) + "\n")
         if RANK == "0":
             text = summary(run.steps_planned)
             (OUT / f"{TAG}_summary.txt").write_text(text + "\n")
