@@ -85,6 +85,15 @@ BATCHES["held"] = {
     "offload_r4": (16, 200, "--ranks 4 --stages 3_offload"),
 }
 
+# runs that moments.prefetch_bytes (issue 33, 29-live) was not fitted to: the 2.7b model offloaded, where a prefetch
+# gathers two thirds of a block; 350m offloaded, where it gathers four blocks; ds_config_stage3.json with DeepSpeed's
+# default cap of 1e9 (3_live1e9, made by write_live_config) on 4 ranks
+BATCHES["prefetch"] = {
+    "offload_2.7b_r2": (40, 240, "--ranks 2 --model 2.7b --stages 3_offload alone"),  # alone: 70 GB of host memory
+    "offload_350m_r2": (8, 120, "--ranks 2 --model 350m --stages 3_offload"),
+    "live1e9_r4": (52, 180, "--ranks 4 --stages 3_live1e9"),
+}
+
 
 def launch(out: Path, name: str, args: str, limit_s: float) -> subprocess.Popen:
     """run.sh ARGS, stopped by SIGTERM (which run.sh reports as an interruption) after limit_s."""
@@ -99,6 +108,13 @@ def write_original_configs() -> None:
         config = json.loads((ROOT / "benchmarks" / "original_design.json").read_text())
         config.setdefault("zero_optimization", {})["stage"] = stage
         (ROOT / f"ds_config_stage{stage}_original.json").write_text(json.dumps(config, indent=2))
+
+
+def write_live_config() -> None:
+    """ds_config_stage3.json with stage3_max_live_parameters at DeepSpeed's default, 1e9, as run.sh's 3_live1e9."""
+    config = json.loads((ROOT / "ds_config_stage3.json").read_text())
+    config["zero_optimization"]["stage3_max_live_parameters"] = 1e9
+    (ROOT / "ds_config_stage3_live1e9.json").write_text(json.dumps(config, indent=2))
 
 
 def run_batches(out: Path, deadline_s: float, jobs: dict) -> None:
@@ -137,4 +153,5 @@ if __name__ == "__main__":
     out_dir, deadline = Path(sys.argv[1]), float(sys.argv[2])
     out_dir.mkdir(parents=True, exist_ok=True)
     write_original_configs()
+    write_live_config()
     run_batches(out_dir, deadline, {name: job for batch in sys.argv[3:] for name, job in BATCHES[batch].items()})

@@ -1,5 +1,6 @@
 """The arithmetic behind the predictions and checks, on made-up counts: no launch, no GPU needed."""
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from zero3bench import machine, options, result, stages
 import train_gpt as t
-from zero3bench.accounting import explain, predict, shapes
+from zero3bench.accounting import explain, moments, predict, shapes
 from conftest import facts
 
 PSI, G = 1_000_000, 4  # parameters, ranks
@@ -47,7 +48,11 @@ def test_the_prediction_imports_neither_torch_nor_deepspeed():
                 if line.startswith(("import ", "from "))]
     assert imports("accounting/predict.py") == [  # and GPTConfig for its hints, under TYPE_CHECKING alone
         "import math", "from collections.abc import Mapping", "from typing import TYPE_CHECKING, Any",
+        "from zero3bench.accounting.moments import (prefetch_bytes, regathered_bytes, scatter_bytes, sub_group_elems,",
         "from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer"]
+    assert imports("accounting/moments.py") == [
+        "import math", "from typing import TYPE_CHECKING, Any",
+        "from zero3bench.stages import shards_params, splits_one_buffer"]
     assert imports("stages.py") == ["from pathlib import Path"]
 
 
@@ -261,7 +266,7 @@ def test_a_stage_3_peak_above_its_estimate_names_a_prefetch_cap_above_the_estima
              zero_config={"stage3_max_live_parameters": live, "stage3_prefetch_bucket_size": 5e7})
     r.predicted_breakdown = states(3)
     [line] = explain.differences(r, r.predicted_breakdown)
-    assert ("stage3_max_live_parameters (1e+09) lets backward's prefetch" in line) is named
+    assert ("stage3_max_live_parameters (1e+09) lets the prefetch gather" in line) is named
 
 
 def held_in_params(nbytes):
@@ -351,18 +356,9 @@ PEAK_TOLERANCE = 0.05
 # Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss. The 350m model
 # with its optimizer offloaded, on one rank: 1.423 GiB against 1.499, the moment predicted being backward's start
 # (activations 727 MB), where the rank peaked 650 MB above what it held; not traced (the offload term, 618 MB, is
-# not its peak). Stage 3 offloaded on 2 and 4 rehearsed ranks (3.68 and 3.07 GiB against 2.56 and 1.92): traced
-# (29-live) to DeepSpeed's prefetcher, which in backward gathers whole blocks ahead, up to 15 at once, as far as the
-# config's stage3_max_live_parameters lets it (1e9 there; 1e8 in ds_config_stage3.json): on 2 ranks 1e8, 5e8 and
-# 1e9 peaked at 2.28, 2.98 and 3.68 GiB. The prediction counts one block and one prefetch bucket; the report names
-# the setting (explain.prefetch_cause). How far ahead it gets below the cap is not modelled.
-# The original design's stage 3 on 4 rehearsed ranks (9.66 GiB against 8.66): its peak traced on 2 ranks (a 5e8
-# bucket's reduction, predict.scatter_bytes, within 3.5% there), not on 4.
+# not its peak).
 PEAK_MISSES = {
     "h200/27-suite-matrix/2-probe2/results/offload_350m/20261202-023617-Q4OC/summary.json stage3 G1 mb2 ck1": 0.054,
-    "h200/28-suite-matrix/2-batch/results/offload/20261202-050315-6adS/summary.json stage3 G2 mb2 ck1": -0.305,
-    "h200/28-suite-matrix/4-trace/held/results/offload_r4/20261202-053216-gJkx/summary.json stage3 G4 mb2 ck1": -0.374,
-    "h200/28-suite-matrix/4-trace/held/results/original3_r4/20261202-053218-LH4z/summary.json stage3 G4 mb2 ck1": -0.103,
 }
 
 
@@ -499,6 +495,67 @@ def test_stage_3_offloading_its_optimizer_peaks_with_the_embeddings_gradient_on_
 
 def test_a_model_smaller_than_the_prefetch_bucket_gathers_at_most_itself():
     assert predict.gathered_bytes(3, "deepspeed", 2, 2, 10, 30, 5, 5e7, params=1000) == 2 * 1000
+
+
+PREFETCH_PROBES = LOGS / "cpu" / "prefetch"
+
+
+def test_the_prefetch_ahead_of_backward_is_deepspeeds_own_within_2_percent():
+    """DeepSpeed 0.19.8's coordinator on 2 CPU ranks (benchmarks/prefetch_probe.py): capped at 1e8, 5e8 and 1e9
+    (scaled), uncapped at 12 to 48 blocks and with roots of 1.7, 2 and 4 blocks, and prefetches of a third, two
+    thirds, one, two, four and ten blocks; AHEAD was read off the uncapped ones."""
+    probes = {path.stem: json.loads(path.read_text()) for path in PREFETCH_PROBES.glob("*.json")
+              if not path.name.endswith(".config.json")}
+    assert len(probes) == 15
+    for name, p in probes.items():
+        zero, d_model = p["zero"], round((p["block"] / 12) ** 0.5)
+        share = moments.prefetched_share(zero["stage3_prefetch_bucket_size"], d_model)
+        ahead = moments.gathered_ahead(p["layers"], p["block"], p["root"], p["layers"] * p["block"] + p["root"],
+                                       zero["stage3_max_live_parameters"], share)
+        assert ahead == pytest.approx(p["peak"], rel=0.02), name
+
+
+@pytest.mark.parametrize("prefetch, share", [(1, 3 / 12), (3 * 64**2 + 1, 4 / 12), (4e4, 1.0), (12 * 64**2 + 1, math.inf)])
+def test_a_prefetch_gathers_whole_tensors_of_a_block_until_it_has_its_bucket(prefetch, share):
+    assert moments.prefetched_share(prefetch, 64) == share
+
+
+def test_a_prefetch_of_more_than_a_block_gathers_the_whole_model_ahead():
+    assert moments.gathered_ahead(24, 100, 200, 2600, 1e12, 1.0) == (12 + 4) * 100 + 200
+    assert moments.gathered_ahead(24, 100, 200, 2600, 1e12, math.inf) == 2600
+    assert moments.gathered_ahead(24, 100, 200, 2600, 500, math.inf) == 500 + 100  # the cap, and the block asked for
+
+
+@pytest.mark.parametrize("stage, world, checkpoint", [(2, 2, True), (3, 1, True), (3, 2, False)])
+def test_only_stage_3_with_checkpointing_on_more_than_one_rank_prefetches_ahead_of_backward(stage, world,
+                                                                                           checkpoint):
+    shape = t.PRESETS["1.3b"]
+    assert moments.prefetch_bytes(stage, "deepspeed", 2, world, {}, shape, shape.params, checkpoint, 2048, 1, 1) == 0
+    assert moments.prefetch_bytes(3, "deepspeed", 2, 2, {}, shape, shape.params, True, 2048, 1, 1) > 0
+
+
+LIVE = LOGS / "h200" / "29-live"
+# The prefetch's moment does not decide the peak at 1e8, where the prediction is the backward's start's (2.56 GiB:
+# the gathered weights and every activation), 12% above the 2.28 measured there; not traced.
+LIVE_MISSES = {"offload_live1e8": 0.122}
+
+
+def test_the_stage_3_timelines_peak_within_5_percent_of_the_prediction_at_every_prefetch_cap():
+    """29-live's timelines on 2 and 4 rehearsed ranks: the offload config at 1e8, 5e8 and 1e9, and
+    ds_config_stage3.json at 1e9, each its step 3's peak against rank_memory for its RESULT line's settings."""
+    misses = {}
+    for log in sorted(LIVE.glob("*/timeline_*.txt")):
+        tag = log.stem.removeprefix("timeline_")
+        summary = log.parent / "timeline" / f"{tag}_summary.txt"
+        lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
+        r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
+        if r.stage != 3 or r.world_size < 2 or r.dtype != "bf16":
+            continue
+        peak = float(summary.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
+        result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, r.zero_config)
+        if abs(r.predicted_peak_bytes / peak - 1) > PEAK_TOLERANCE:
+            misses[tag] = round(r.predicted_peak_bytes / peak - 1, 3)
+    assert misses == LIVE_MISSES
 
 
 def committed(path, run):

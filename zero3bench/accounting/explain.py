@@ -61,16 +61,14 @@ def state_gaps(r: RankResult, held: dict[str, int]) -> list[str]:
 
 
 def prefetch_cause(r: RankResult) -> str:
-    """Why stage 3 on more than one rank can peak above its estimate: in backward, DeepSpeed's prefetcher gathers
-    blocks ahead of the one it computes up to stage3_max_live_parameters elements, and the estimate counts one
-    block and one prefetch bucket (benchmarks/logs/h200/29-live: 1e8, 5e8 and 1e9 peaked at 2.28, 2.98 and 3.68
-    GiB with the optimizer offloaded on 2 ranks)."""
+    """A cause of a stage-3 peak far from its estimate on more than one rank: DeepSpeed's prefetcher gathers blocks
+    ahead up to stage3_max_live_parameters elements, which the estimate counts in backward with checkpointing
+    (moments.prefetch_bytes) and nowhere else (benchmarks/logs/h200/29-live)."""
     zero = r.zero_config or {}
     live, bucket = zero.get("stage3_max_live_parameters", 0), zero.get("stage3_prefetch_bucket_size", 0)
     if not (shards_params(r.stage) and r.engine == "deepspeed" and r.world_size > 1 and live > 2 * bucket):
         return ""
-    return (f"; stage3_max_live_parameters ({live:.0e}) lets backward's prefetch gather more than that, up to "
-            f"{live:,.0f} elements at once")
+    return f"; stage3_max_live_parameters ({live:.0e}) lets the prefetch gather up to {live:,.0f} elements at once"
 
 
 def peak_gap(r: RankResult) -> list[str]:

@@ -5,6 +5,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from zero3bench.accounting.moments import (prefetch_bytes, regathered_bytes, scatter_bytes, sub_group_elems,
+                                           zero_setting)
 from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
 if TYPE_CHECKING:  # shapes imports this module
     from zero3bench.accounting.shapes import GPTConfig
@@ -119,21 +121,6 @@ def activation_bytes(shape: "GPTConfig", dtype: str, micro_batch: int, seq: int,
     return shape.layers * block + output
 
 
-DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7, "reduce_bucket_size": 5e8,
-                      "memory_efficient_linear": True}
-
-
-def zero_setting(zero: dict[str, Any], key: str) -> Any:
-    """A setting of a config's zero_optimization section, or DeepSpeed's own value where it sets none."""
-    return zero.get(key, DEEPSPEED_DEFAULTS[key])
-
-
-def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
-    """The most elements of one stage-3 sub-group: a sub-group closes at the parameter that reaches
-    sub_group_size, so it may exceed it by one partition."""
-    return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
-
-
 DEEPSPEED_ADAM = "deepspeed.FusedAdam"  # measure.optimizer_name of DeepSpeed's own Adam (a config's optimizer section)
 
 
@@ -170,25 +157,6 @@ def offloaded_grad_bytes(stage: int, engine: str, width: int, largest: int, worl
     if not (offloaded and shards_params(stage) and engine == "deepspeed"):
         return 0
     return (4 * width + MASTER_BYTES) * math.ceil(largest / world)
-
-
-def regathered_bytes(stage: int, engine: str, width: int, params: int, world: int, rehearsed: bool) -> int:
-    """Stages 1 and 2 all-gather the updated 16-bit weights at the step's end (utils.all_gather_dp_groups'
-    all_gather_into_tensor); over gloo, as ranks rehearsed on one GPU use, that makes a copy of the whole output on
-    the device, where NCCL gathers in place: 8 rehearsed ranks at stage 2 peaked there, 2.446 GiB over what they
-    held, against 2 x 1.314B bytes (28-suite-matrix/4-trace)."""
-    return width * params if rehearsed and world > 1 and engine == "deepspeed" and splits_one_buffer(stage) else 0
-
-
-def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], params: int,
-                  activations: float) -> float:
-    """Stage 3's reduction of its first full gradient bucket in backward (stage3.py, __avg_scatter_grads): the flat
-    copy of reduce_bucket_size elements (the model's, where fewer) and this rank's part, and the activations of the
-    backward not yet run then. The original design's 5e8 made its stage 3's peak (28-suite-matrix/4-trace)."""
-    if not (shards_params(stage) and engine == "deepspeed" and world > 1):
-        return 0
-    bucket = min(zero_setting(zero, "reduce_bucket_size"), params)
-    return width * bucket * (1 + 1 / world) + activations * (1 - bucket / params)
 
 
 def frees_grads(stage: int, engine: str) -> bool:
@@ -285,6 +253,7 @@ def peak_bytes(m: dict[str, Any]) -> float:
     - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights gathered,
       and the first block's activations, whose backward comes last;
     - stage 3's reduction of its first full bucket in backward, with the weights gathered (scatter_bytes);
+    - stage 3's backward with checkpointing where the prefetch holds the most ahead (prefetch_bytes);
     - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
     - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
       (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's gradient;
@@ -292,7 +261,7 @@ def peak_bytes(m: dict[str, Any]) -> float:
     Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
     linearly from one end to the other, so their most is at an end."""
     return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
-                           m["gathered"] + m["scatter"],
+                           m["gathered"] + m["scatter"], m["prefetched"],
                            m["freed_grads"] + m["gathered"] + m["last_block"], m["reduced_grads"] + m["reduction"],
                            m["offloaded_grad"], m["partition_grads"] + max(m["transient"], m["overflow_check"]),
                            m["regathered"])
@@ -340,6 +309,7 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
     device = sum(v for k, v in states.items() if k not in on_host) + kept
     freed = states["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
     activations = activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0
+    last_block = block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0
     m: dict[str, Any] = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
          "host_buffers": host_buffer_bytes(shard, offload) if on_gpu else 0,
          "buffers": buffer_bytes(stage, engine, width, zero), "workspace": WORKSPACE_BYTES if on_gpu else 0,
@@ -347,9 +317,10 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
                                                           zero_setting(zero, "stage3_prefetch_bucket_size"), params),
          "saved_weights": saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0, block,
                                               checkpoint, zero),
-         "activations": activations,
-         "last_block": block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0,
+         "activations": activations, "last_block": last_block,
          "scatter": scatter_bytes(stage, engine, width, world, zero, params, activations),
+         "prefetched": prefetch_bytes(stage, engine, width, world, zero, shape, params, checkpoint, micro_batch * seq,
+                                      last_block, activations) if shape else 0,
          "regathered": regathered_bytes(stage, engine, width, params, world, rehearsed),
          **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam)}
     m["held"] = m["states"] - freed + m["buffers"] + m["workspace"]

@@ -1,0 +1,106 @@
+"""
+DeepSpeed's settings as it reads them, and the moments that its own code adds above what a rank holds: stage 3's
+reduction of a full bucket, the prefetch that runs ahead of backward, and the rehearsal's re-gather after the step
+of stages 1 and 2. Pure arithmetic, as predict.py, whose peak takes the most of them.
+"""
+import math
+from typing import TYPE_CHECKING, Any
+
+from zero3bench.stages import shards_params, splits_one_buffer
+if TYPE_CHECKING:  # shapes imports predict, which imports this module
+    from zero3bench.accounting.shapes import GPTConfig
+
+DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7, "reduce_bucket_size": 5e8,
+                      "stage3_max_live_parameters": 1e9, "memory_efficient_linear": True}
+# The blocks that stage 3 gathers ahead of backward at most, with checkpointing, by the share of a block that one
+# prefetch gathers: (per block of the model, besides), the root's weights also. Read off DeepSpeed 0.19.8's own
+# coordinator on 2 CPU ranks (benchmarks/prefetch_probe.py, benchmarks/logs/cpu/prefetch), on models shaped as
+# 1.3b and 2.7b, with 12 to 48 blocks, roots of 1.7 to 4 blocks, and every bucket and cap scaled to their block.
+AHEAD = {2 / 3: (1 / 4, 3), 1: (1 / 2, 4)}
+# model.py's block as stage 3 partitions it, in the order it prefetches: qkv, its projection, fc and mlp.proj, of
+# 3, 1, 4 and 4 twelfths of its elements (its LayerNorms and biases persist, under 1e4 elements each)
+BLOCK_TWELFTHS = (3, 1, 4, 4)
+
+
+def zero_setting(zero: dict[str, Any], key: str) -> Any:
+    """A setting of a config's zero_optimization section, or DeepSpeed's own value where it sets none."""
+    return zero.get(key, DEEPSPEED_DEFAULTS[key])
+
+
+def reduction_copies(width: int, world: int, zero: dict[str, Any], params: int) -> float:
+    """Stage 3's reduction of a full gradient bucket (stage3.py, __avg_scatter_grads): its flat copy of
+    reduce_bucket_size elements (the model's, where fewer) and this rank's part."""
+    return width * min(zero_setting(zero, "reduce_bucket_size"), params) * (1 + 1 / world)
+
+
+def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], params: int,
+                  activations: float) -> float:
+    """Stage 3's reduction of its first full gradient bucket in backward (reduction_copies), with the activations
+    of the backward not yet run then. The original design's 5e8 made its stage 3's peak (28-suite-matrix/4-trace)."""
+    if not (shards_params(stage) and engine == "deepspeed" and world > 1):
+        return 0
+    bucket = min(zero_setting(zero, "reduce_bucket_size"), params)
+    return reduction_copies(width, world, zero, params) + activations * (1 - bucket / params)
+
+
+def prefetched_share(prefetch: float, d_model: int) -> float:
+    """The share of a block that one prefetch gathers: DeepSpeed takes whole tensors, in order, until it has
+    stage3_prefetch_bucket_size elements; more than a block, inf."""
+    taken = 0
+    for twelfths in BLOCK_TWELFTHS:
+        if taken * d_model**2 >= prefetch:
+            return taken / 12
+        taken += twelfths
+    return 1.0 if prefetch <= 12 * d_model**2 else math.inf
+
+
+def gathered_ahead(layers: int, block: float, root: float, params: float, live: float, share: float) -> float:
+    """The most elements that stage 3 holds gathered in backward with checkpointing; block: the elements of a
+    block that it partitions; share: of a block, that one prefetch gathers (prefetched_share). Recomputation
+    fetches each block twice (for its recomputed forward, then its backward) while backward frees it once, and
+    each fetch prefetches: where a prefetch gathers more than half a block, the blocks ahead grow at each block,
+    as far as stage3_max_live_parameters lets them (and the block that backward asks for besides), and no
+    further than AHEAD says; where it gathers more than a block, up to the whole model. Where it gathers a third
+    or less, the block, one prefetch and the root's weights."""
+    if share > 1:
+        end = params
+    elif share in AHEAD:
+        per_block, besides = AHEAD[share]
+        end = (per_block * layers + besides) * block + root
+    else:
+        end = (1 + share) * block + root
+    return min(live + block, end, params)
+
+
+def prefetch_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], shape: "GPTConfig",
+                   params: int, checkpoint: bool, tokens: int, last_block: float, activations: float) -> float:
+    """Stage 3 on more than one rank, in backward with checkpointing, where the prefetch holds the most ahead
+    (gathered_ahead): those weights, the tied embedding's whole gradient (made by the output layer's backward,
+    reduced after the embedding's), every block's checkpointed input, a recomputed block's activations, and a
+    bucket's reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15 gathered blocks in flight at once,
+    3.68 GiB at the peak (benchmarks/logs/h200/29-live). Where a prefetch gathers more than a block, forward's end
+    has gathered them already, so backward's start, with all its activations, may hold more (350m offloaded on 2
+    ranks: 290M of its 353M partitioned elements gathered there, its peak, 29-live/4-trace350m)."""
+    if not (shards_params(stage) and engine == "deepspeed" and world > 1 and checkpoint):
+        return 0
+    share = prefetched_share(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
+    ahead = gathered_ahead(shape.layers, 12 * shape.d_model**2, shape.root_params, params,
+                           zero_setting(zero, "stage3_max_live_parameters"), share)
+    inputs = shape.layers * width * tokens * shape.d_model
+    deep = (width * (ahead + shape.padded_vocab * shape.d_model) + inputs + last_block
+            + reduction_copies(width, world, zero, params))
+    return max(deep, width * ahead + activations if share > 1 else 0)
+
+
+def regathered_bytes(stage: int, engine: str, width: int, params: int, world: int, rehearsed: bool) -> int:
+    """Stages 1 and 2 all-gather the updated 16-bit weights at the step's end (utils.all_gather_dp_groups'
+    all_gather_into_tensor); over gloo, as ranks rehearsed on one GPU use, that makes a copy of the whole output on
+    the device, where NCCL gathers in place: 8 rehearsed ranks at stage 2 peaked there, 2.446 GiB over what they
+    held, against 2 x 1.314B bytes (28-suite-matrix/4-trace)."""
+    return width * params if rehearsed and world > 1 and engine == "deepspeed" and splits_one_buffer(stage) else 0
+
+
+def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
+    """The most elements of one stage-3 sub-group: a sub-group closes at the parameter that reaches
+    sub_group_size, so it may exceed it by one partition."""
+    return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
