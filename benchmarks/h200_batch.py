@@ -94,6 +94,10 @@ BATCHES["prefetch"] = {
     "live1e9_r4": (52, 180, "--ranks 4 --stages 3_live1e9"),
 }
 
+# the host's peak resident set (accounting/host.py, fitted on 1.3b offloaded on one rank) on a model it was not:
+# 57.2 GB predicted before the run
+BATCHES["host"] = {"offload_2.7b_r1": (20, 240, "--ranks 1 --model 2.7b --stages 3_offload")}
+
 
 def launch(out: Path, name: str, args: str, limit_s: float) -> subprocess.Popen:
     """run.sh ARGS, stopped by SIGTERM (which run.sh reports as an interruption) after limit_s."""

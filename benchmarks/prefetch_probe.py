@@ -88,7 +88,7 @@ def run_all(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for case, (layers, vocab, live, prefetch, preset) in CASES.items():
         (out / f"{case}.config.json").write_text(json.dumps(config(live, prefetch, preset)))
-        with open(out / f"{case}.log", "w") as log:
+        with open(out / f"{case}.out", "w") as log:  # not .log: report.py would read the folder as its own
             subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                             "--master_port", "29841", __file__, str(out), case, str(layers), str(vocab)],
                            check=True, stdout=log, stderr=subprocess.STDOUT)

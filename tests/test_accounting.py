@@ -8,7 +8,8 @@ import torch
 
 from zero3bench import machine, options, result, stages
 import train_gpt as t
-from zero3bench.accounting import explain, moments, predict, shapes
+from zero3bench.accounting import explain, host, moments, predict, shapes
+from zero3bench.reporting import theory
 from conftest import facts
 
 PSI, G = 1_000_000, 4  # parameters, ranks
@@ -256,7 +257,7 @@ def test_differences_explain_a_gpu_peak_far_from_its_estimate():
     r.predicted_breakdown = states(3)
     [line] = explain.differences(r, r.predicted_breakdown)
     assert line.startswith("peak: 3.00 GiB measured against 1.00 GiB estimated")
-    assert "stage3_max_live_parameters" not in line  # the rank's config caps the prefetch at the estimate's
+    assert "stage3_max_live_parameters" not in line  # a record without its zero section: its cap is unknown
 
 
 @pytest.mark.parametrize("live, named", [(1e9, True), (1e8, False)])
@@ -509,19 +510,23 @@ def test_the_prefetch_ahead_of_backward_is_deepspeeds_own_within_2_percent():
     assert len(probes) == 15
     for name, p in probes.items():
         zero, d_model = p["zero"], round((p["block"] / 12) ** 0.5)
-        share = moments.prefetched_share(zero["stage3_prefetch_bucket_size"], d_model)
+        twelfths = moments.prefetched_twelfths(zero["stage3_prefetch_bucket_size"], d_model)
         ahead = moments.gathered_ahead(p["layers"], p["block"], p["root"], p["layers"] * p["block"] + p["root"],
-                                       zero["stage3_max_live_parameters"], share)
+                                       zero["stage3_max_live_parameters"], twelfths)
         assert ahead == pytest.approx(p["peak"], rel=0.02), name
 
 
-@pytest.mark.parametrize("prefetch, share", [(1, 3 / 12), (3 * 64**2 + 1, 4 / 12), (4e4, 1.0), (12 * 64**2 + 1, math.inf)])
-def test_a_prefetch_gathers_whole_tensors_of_a_block_until_it_has_its_bucket(prefetch, share):
-    assert moments.prefetched_share(prefetch, 64) == share
+@pytest.mark.parametrize("prefetch, twelfths", [
+    (0, 0), (1, 3), (3 * 64**2, 3), (3 * 64**2 + 1, 4), (4 * 64**2, 4), (4e4, 12), (12 * 64**2, 12),
+    (12 * 64**2 + 1, math.inf)])
+def test_a_prefetch_takes_whole_tensors_of_a_block_while_it_has_less_than_its_bucket(prefetch, twelfths):
+    assert moments.prefetched_twelfths(prefetch, 64) == twelfths
 
 
 def test_a_prefetch_of_more_than_a_block_gathers_the_whole_model_ahead():
-    assert moments.gathered_ahead(24, 100, 200, 2600, 1e12, 1.0) == (12 + 4) * 100 + 200
+    assert moments.gathered_ahead(24, 100, 200, 2600, 1e12, 12) == (12 + 4) * 100 + 200
+    assert moments.gathered_ahead(24, 100, 200, 2600, 1e12, 8) == (6 + 3) * 100 + 200
+    assert moments.gathered_ahead(24, 100, 200, 2600, 1e12, 4) == (1 + 4 / 12) * 100 + 200  # no climb
     assert moments.gathered_ahead(24, 100, 200, 2600, 1e12, math.inf) == 2600
     assert moments.gathered_ahead(24, 100, 200, 2600, 500, math.inf) == 500 + 100  # the cap, and the block asked for
 
@@ -531,7 +536,10 @@ def test_only_stage_3_with_checkpointing_on_more_than_one_rank_prefetches_ahead_
                                                                                            checkpoint):
     shape = t.PRESETS["1.3b"]
     assert moments.prefetch_bytes(stage, "deepspeed", 2, world, {}, shape, shape.params, checkpoint, 2048, 1, 1) == 0
-    assert moments.prefetch_bytes(3, "deepspeed", 2, 2, {}, shape, shape.params, True, 2048, 1, 1) > 0
+    matrices, embedding = 12 * 2048**2, shape.padded_vocab * 2048
+    ahead = (24 / 2 + 4) * matrices + shape.root_params  # DeepSpeed's cap of 1e9 is further
+    assert moments.prefetch_bytes(3, "deepspeed", 2, 2, {}, shape, shape.params, True, 2048, 1, 1) == (
+        2 * (ahead + embedding) + 24 * 2 * 2048 * 2048 + 1 + 2 * 5e8 * 1.5)
 
 
 LIVE = LOGS / "h200" / "29-live"
@@ -549,6 +557,8 @@ def test_the_stage_3_timelines_peak_within_5_percent_of_the_prediction_at_every_
         summary = log.parent / "timeline" / f"{tag}_summary.txt"
         lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
         r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
+        # fp16's first steps skip on overflow: the original design's step 3 was its first applied, before which
+        # Adam's states did not exist (a 7.21 GiB peak against 9.52, which its run.sh run, 9.66, holds)
         if r.stage != 3 or r.world_size < 2 or r.dtype != "bf16":
             continue
         peak = float(summary.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
@@ -621,3 +631,42 @@ def test_stage_0_in_fp16_with_deepspeeds_adam_holds_two_fp32_copies_of_the_gradi
     theirs, torchs = (predict.rank_memory(0, "deepspeed", "fp16", 2, PSI, {}, deepspeed_adam=flag)
                       for flag in (True, False))
     assert theirs["transient"] == 8 * PSI and torchs["transient"] == 4 * PSI
+
+
+# -----------------------------------------------------------------------------
+# the host's peak resident set where stage 3 offloads its optimizer (issue 33)
+
+def test_pinned_host_blocks_round_up_to_a_power_of_two():
+    assert [host.pinned(n) for n in (0, 1, 1000, 1024, 1025)] == [0, 1, 1024, 1024, 2048]
+
+
+def test_a_partition_steps_in_sub_groups_of_sub_group_size_and_the_rest():
+    assert host.sub_groups(2.5e9, {"sub_group_size": 1e9}) == [1e9, 1e9, 0.5e9]
+    assert host.sub_groups(0.6e9, {}) == [0.6e9]  # DeepSpeed's 1e9
+
+
+def test_only_stage_3_with_its_optimizer_on_the_cpu_has_a_predicted_host_peak():
+    shape, cpu = t.PRESETS["1.3b"], {"offload_optimizer": {"device": "cpu", "pin_memory": False}}
+    assert host.host_peak_bytes(2, 2, 1, 1e9, cpu, shape, shape.params, False) is None
+    assert host.host_peak_bytes(3, 2, 1, 1e9, {}, shape, shape.params, False) is None
+    unpinned = host.host_peak_bytes(3, 2, 1, 1e9, cpu, shape, shape.params, False)
+    assert unpinned == host.PROCESS_BYTES + (2 + 4 + 4 + 8) * 1e9 + host.FIRST_STEP_BYTES + 2 * 1e9
+    pinned = {"offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    rounding = (2**31 - 2e9) + (2**32 - 4e9)  # the 16-bit gradients' 2 GB and the fp32 ones' 4 GB, pinned
+    assert host.host_peak_bytes(3, 2, 1, 1e9, pinned, shape, shape.params, False) == unpinned + rounding
+
+
+def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its_prediction():
+    """1.3b on 1, 2 and 4 ranks (the constants fitted on 1 rank), 350m on 1 and 2, 2.7b on 1 and 2 (predicted
+    before it ran: 57.19 GB, 57.22 measured), and the timelines' runs at prefetch caps of 1e8 and 5e8. Issue 33
+    asks 10%; at 5%, leaving out the pinned blocks' rounding or gloo's staging fails it."""
+    timelines = ((log, result.RankResult.from_dict(json.loads(line[len("RESULT "):])))
+                 for log in sorted(LOGS.glob("h200/**/timeline_*.txt"))
+                 for line in log.read_text(errors="replace").splitlines() if line.startswith("RESULT "))
+    found = {}
+    for path, r in (*records(LOGS), *timelines):
+        predicted = theory.predicted_host_peak(r) if r.host_peak_rss_bytes and r.steps else None
+        if predicted:
+            found[(str(path.relative_to(LOGS)), r.stage, r.rank)] = predicted / r.host_peak_rss_bytes - 1
+    assert len({run for run, _, _ in found}) == 18
+    assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from zero3bench.accounting.moments import zero_setting
 from zero3bench.formatting import size
 from zero3bench.stages import PARTITIONS, shards_params, splits_one_buffer
 
@@ -61,12 +62,15 @@ def state_gaps(r: RankResult, held: dict[str, int]) -> list[str]:
 
 
 def prefetch_cause(r: RankResult) -> str:
-    """A cause of a stage-3 peak far from its estimate on more than one rank: DeepSpeed's prefetcher gathers blocks
-    ahead up to stage3_max_live_parameters elements, which the estimate counts in backward with checkpointing
-    (moments.prefetch_bytes) and nowhere else (benchmarks/logs/h200/29-live)."""
-    zero = r.zero_config or {}
-    live, bucket = zero.get("stage3_max_live_parameters", 0), zero.get("stage3_prefetch_bucket_size", 0)
-    if not (shards_params(r.stage) and r.engine == "deepspeed" and r.world_size > 1 and live > 2 * bucket):
+    """A cause of a stage-3 peak far from its estimate on more than one rank without checkpointing: DeepSpeed's
+    prefetcher gathers blocks ahead up to stage3_max_live_parameters elements, which the estimate counts in
+    backward with checkpointing only (moments.prefetch_bytes; benchmarks/logs/h200/29-live)."""
+    if not r.zero_config:  # a record from before it was kept: what capped its prefetch is unknown
+        return ""
+    live = zero_setting(r.zero_config, "stage3_max_live_parameters")
+    bucket = zero_setting(r.zero_config, "stage3_prefetch_bucket_size")
+    if not (shards_params(r.stage) and r.engine == "deepspeed" and r.world_size > 1 and not r.checkpoint
+            and live > 2 * bucket):
         return ""
     return f"; stage3_max_live_parameters ({live:.0e}) lets the prefetch gather up to {live:,.0f} elements at once"
 

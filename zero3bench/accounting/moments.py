@@ -16,9 +16,12 @@ DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7,
 # prefetch gathers: (per block of the model, besides), the root's weights also. Read off DeepSpeed 0.19.8's own
 # coordinator on 2 CPU ranks (benchmarks/prefetch_probe.py, benchmarks/logs/cpu/prefetch), on models shaped as
 # 1.3b and 2.7b, with 12 to 48 blocks, roots of 1.7 to 4 blocks, and every bucket and cap scaled to their block.
-AHEAD = {2 / 3: (1 / 4, 3), 1: (1 / 2, 4)}
+# Keyed by twelfths of a block. Not modelled: stage3_max_reuse_distance above 0 (DeepSpeed's default 1e9; the
+# project's configs set 0), not probed, and backward without checkpointing, which gathers ahead too.
+AHEAD = {8: (1 / 4, 3), 12: (1 / 2, 4)}
 # model.py's block as stage 3 partitions it, in the order it prefetches: qkv, its projection, fc and mlp.proj, of
-# 3, 1, 4 and 4 twelfths of its elements (its LayerNorms and biases persist, under 1e4 elements each)
+# 3, 1, 4 and 4 twelfths of its elements (its LayerNorms and biases, which persist at 1.3b's 1e4 threshold; where
+# some do not, as at 2.7b, the probe with a threshold of 0 stayed within 1.5%)
 BLOCK_TWELFTHS = (3, 1, 4, 4)
 
 
@@ -43,32 +46,32 @@ def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[st
     return reduction_copies(width, world, zero, params) + activations * (1 - bucket / params)
 
 
-def prefetched_share(prefetch: float, d_model: int) -> float:
-    """The share of a block that one prefetch gathers: DeepSpeed takes whole tensors, in order, until it has
-    stage3_prefetch_bucket_size elements; more than a block, inf."""
+def prefetched_twelfths(prefetch: float, d_model: int) -> float:
+    """The twelfths of a block that one prefetch gathers: DeepSpeed takes whole tensors, in order, while it has
+    fewer than stage3_prefetch_bucket_size elements (partitioned_param_coordinator.py); more than a block, inf."""
     taken = 0
     for twelfths in BLOCK_TWELFTHS:
         if taken * d_model**2 >= prefetch:
-            return taken / 12
+            return taken
         taken += twelfths
-    return 1.0 if prefetch <= 12 * d_model**2 else math.inf
+    return taken if prefetch <= taken * d_model**2 else math.inf
 
 
-def gathered_ahead(layers: int, block: float, root: float, params: float, live: float, share: float) -> float:
+def gathered_ahead(layers: int, block: float, root: float, params: float, live: float, twelfths: float) -> float:
     """The most elements that stage 3 holds gathered in backward with checkpointing; block: the elements of a
-    block that it partitions; share: of a block, that one prefetch gathers (prefetched_share). Recomputation
+    block that it partitions; twelfths: of a block, that one prefetch gathers (prefetched_twelfths). Recomputation
     fetches each block twice (for its recomputed forward, then its backward) while backward frees it once, and
     each fetch prefetches: where a prefetch gathers more than half a block, the blocks ahead grow at each block,
     as far as stage3_max_live_parameters lets them (and the block that backward asks for besides), and no
     further than AHEAD says; where it gathers more than a block, up to the whole model. Where it gathers a third
     or less, the block, one prefetch and the root's weights."""
-    if share > 1:
+    if twelfths > 12:
         end = params
-    elif share in AHEAD:
-        per_block, besides = AHEAD[share]
+    elif twelfths in AHEAD:
+        per_block, besides = AHEAD[twelfths]
         end = (per_block * layers + besides) * block + root
     else:
-        end = (1 + share) * block + root
+        end = (1 + twelfths / 12) * block + root
     return min(live + block, end, params)
 
 
@@ -83,13 +86,13 @@ def prefetch_bytes(stage: int, engine: str, width: int, world: int, zero: dict[s
     ranks: 290M of its 353M partitioned elements gathered there, its peak, 29-live/4-trace350m)."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1 and checkpoint):
         return 0
-    share = prefetched_share(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
+    twelfths = prefetched_twelfths(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
     ahead = gathered_ahead(shape.layers, 12 * shape.d_model**2, shape.root_params, params,
-                           zero_setting(zero, "stage3_max_live_parameters"), share)
+                           zero_setting(zero, "stage3_max_live_parameters"), twelfths)
     inputs = shape.layers * width * tokens * shape.d_model
     deep = (width * (ahead + shape.padded_vocab * shape.d_model) + inputs + last_block
             + reduction_copies(width, world, zero, params))
-    return max(deep, width * ahead + activations if share > 1 else 0)
+    return max(deep, width * ahead + activations if twelfths > 12 else 0)
 
 
 def regathered_bytes(stage: int, engine: str, width: int, params: int, world: int, rehearsed: bool) -> int:

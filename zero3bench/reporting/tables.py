@@ -12,6 +12,7 @@ from zero3bench.stages import ZERO3
 from .bounds import SAME_COMPILED_OR_NOT
 from .reading import (Results, Runs, failed, first, most, offloads, pairs, peer, plain, reference_rank,
                       speed_not_measured, status)
+from .theory import predicted_host_peak
 from .verdict import loss_gaps
 
 # The directions of a ratio, as words: what the second run's figure is when it is below the first's, and above.
@@ -217,10 +218,12 @@ def offload_memory(results: Results) -> str:
     if results[0].mem_kind != "cuda":
         return "without GPUs, device and host are one memory"
     rss = most(r.host_peak_rss_bytes for r in results)  # logs from before it was recorded lack it
+    predicted = predicted_host_peak(first(results))
     return (f"per rank, GPU model states {size(figure('model_states', results))}, GPU peak "
             f"{size(most(r.peak_mem_bytes for r in results))}; host (CPU) model states "
             f"{size(most(r.host_state_bytes for r in results))}, other host tensors "
-            f"{size(other_bytes(results, 'host_state_breakdown'))}" + (f", host peak RSS {size(rss)}" if rss else ""))
+            f"{size(other_bytes(results, 'host_state_breakdown'))}" + (f", host peak RSS {size(rss)}" if rss else "")
+            + (f" (predicted {size(predicted)})" if rss and predicted else ""))
 
 
 def offload_lines(runs: Runs) -> list[str]:

@@ -1,0 +1,58 @@
+"""
+The host memory of a rank that offloads its optimizer at stage 3: the peak of its resident set, from what DeepSpeed
+allocates there. Pure arithmetic, as predict.py.
+"""
+import math
+from typing import TYPE_CHECKING, Any
+
+from zero3bench.accounting.moments import gathered_ahead, prefetched_twelfths, zero_setting
+from zero3bench.stages import shards_params
+if TYPE_CHECKING:  # shapes imports predict, which imports moments
+    from zero3bench.accounting.shapes import GPTConfig
+
+# Fitted on 1.3b offloaded on one H200 (benchmarks/logs/h200/29-live/1-live/timeline/offload_r1_rank0.csv), held
+# out on 350m and 2.7b: the resident set once the engine was ready, less the host tensors below (the process:
+# Python, torch, CUDA's libraries), and what the first step added besides Adam's states.
+PROCESS_BYTES = 1.26e9
+FIRST_STEP_BYTES = 0.67e9
+ADAM_BYTES, MASTER_BYTES = 8, 4
+
+
+def pinned(nbytes: float) -> float:
+    """A pinned host block as torch's caching host allocator makes it: rounded up to a power of two."""
+    return 2 ** math.ceil(math.log2(nbytes)) if nbytes > 0 else 0
+
+
+def sub_groups(shard: float, zero: dict[str, Any]) -> list[float]:
+    """The rank's partition in DeepSpeed's sub-groups of sub_group_size elements, each stepped on its own."""
+    size = zero_setting(zero, "sub_group_size")
+    return [size] * int(shard // size) + ([shard % size] if shard % size else [])
+
+
+def staging_bytes(width: int, world: int, zero: dict[str, Any], shape: "GPTConfig", params: float) -> float:
+    """Ranks rehearsed on one GPU talk over gloo, which copies each all-gather's input and output through pinned
+    host blocks that torch's allocator keeps: one pair for each gather in flight at once, as many as the prefetch
+    holds ahead of backward (moments.gathered_ahead), one prefetch each."""
+    matrices = 12 * shape.d_model**2
+    twelfths = prefetched_twelfths(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
+    gather = twelfths / 12 * matrices if twelfths <= 12 else zero_setting(zero, "stage3_prefetch_bucket_size")
+    ahead = gathered_ahead(shape.layers, matrices, shape.root_params, params,
+                           zero_setting(zero, "stage3_max_live_parameters"), twelfths)
+    return math.ceil(ahead / gather) * (pinned(width * gather) + pinned(width * gather / world))
+
+
+def host_peak_bytes(stage: int, width: int, world: int, shard: float, zero: dict[str, Any], shape: "GPTConfig",
+                    params: float, rehearsed: bool) -> float | None:
+    """The peak resident set of a stage-3 rank whose optimizer DeepSpeed offloads to the CPU (None otherwise):
+    the process; its 16-bit gradient partition, pinned (stage3.py: grad_partitions_flat_buffer); its fp32 weights;
+    each sub-group's fp32 gradients, pinned (initialize_optimizer_states); Adam's moments; what the first step
+    adds; and, in a sub-group's step, the 16-bit copy of its updated weights made on the host before it goes to
+    the GPU (torch's copy converts on the CPU side). Rehearsed ranks add gloo's staging (staging_bytes)."""
+    offload = zero.get("offload_optimizer") or {}
+    if not shards_params(stage) or offload.get("device") != "cpu":
+        return None
+    pin = pinned if offload.get("pin_memory") else float
+    groups = sub_groups(shard, zero)
+    held = (PROCESS_BYTES + pin(width * shard) + MASTER_BYTES * shard + sum(pin(MASTER_BYTES * g) for g in groups)
+            + ADAM_BYTES * shard + FIRST_STEP_BYTES)
+    return held + width * max(groups) + (staging_bytes(width, world, zero, shape, params) if rehearsed else 0)
