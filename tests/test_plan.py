@@ -1,6 +1,7 @@
 """plan.py and the arithmetic it adds to zero3bench/accounting/predict.py, held to the ZeRO paper's Table 1 and to torchtitan's
 published FSDP scaling: CPU only, no launch, no torch in plan.py."""
 import json
+import math
 import subprocess
 import sys
 from decimal import ROUND_HALF_UP, Decimal
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import plan
-from zero3bench.accounting import predict, timing, traffic
+from zero3bench.accounting import host, predict, timing, traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, GIB = 1e9, 2**30
@@ -405,3 +406,12 @@ def test_a_plan_from_the_one_gpu_run_gives_another_runs_states_within_1_and_peak
             states = sum(v for k, v in r["model_state_breakdown"].items() if k != "other")
             assert row["states"] == pytest.approx(states, rel=0.01)
             assert row["peak"] == pytest.approx(max(s["peak_mem_bytes"] for s in r["steps"]), rel=0.05)
+
+
+def test_with_stage_3_offloading_its_optimizer_a_node_holds_its_ranks_peak_resident_sets(capsys):
+    p = planned(capsys, "--gpus", 8, "--offload", "--stages", 3)
+    model = plan.resolve_model(plan.parse_args([]))
+    section = {**plan.zero_section("3"), "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    peak = host.host_peak_bytes(3, 2, 8, math.ceil(model.params / 8), section, model.shape, model.params, False)
+    assert rows(p, "3")[8]["host_per_node"] == pytest.approx(8 * peak)
+    assert peak > (16 + 4) * model.params / 8  # more than its states and fp32 gradients: the process, pinned rounding

@@ -87,9 +87,9 @@ ESTIMATOR_GAPS = {
          "largest layer",
 }
 OFFLOAD_NOTES = [
-    "host/node in GiB: what the ranks of one node offload (ZeRO-Offload: gradients, fp32 weights and moments, and the",
-    "  CPU optimizer's fp32 gradients; --offload-param: the 16-bit weights besides); not the processes' own memory,",
-    "  nor the CPU optimizer's time",
+    "host/node in GiB: what the ranks of one node hold on the host: at stage 3 with the optimizer offloaded, each",
+    "  process's peak resident set; otherwise what they offload (gradients, fp32 weights and moments, the CPU",
+    "  optimizer's fp32 gradients; --offload-param: the 16-bit weights besides); not the CPU optimizer's time",
 ]
 
 
