@@ -87,7 +87,7 @@ BATCHES["held"] = {
 
 # runs that moments.prefetch_bytes (issue 33, 29-live) was not fitted to: the 2.7b model offloaded, where a prefetch
 # gathers two thirds of a block; 350m offloaded, where it gathers four blocks; ds_config_stage3.json with DeepSpeed's
-# default cap of 1e9 (3_live1e9, made by write_live_config) on 4 ranks
+# default cap of 1e9 (3_live1e9, made by write_capped_config) on 4 ranks
 BATCHES["prefetch"] = {
     "offload_2.7b_r2": (40, 240, "--ranks 2 --model 2.7b --stages 3_offload alone"),  # alone: 70 GB of host memory
     "offload_350m_r2": (8, 120, "--ranks 2 --model 350m --stages 3_offload"),
@@ -114,11 +114,11 @@ def write_original_configs() -> None:
         (ROOT / f"ds_config_stage{stage}_original.json").write_text(json.dumps(config, indent=2))
 
 
-def write_live_config() -> None:
-    """ds_config_stage3.json with stage3_max_live_parameters at DeepSpeed's default, 1e9, as run.sh's 3_live1e9."""
-    config = json.loads((ROOT / "ds_config_stage3.json").read_text())
-    config["zero_optimization"]["stage3_max_live_parameters"] = 1e9
-    (ROOT / "ds_config_stage3_live1e9.json").write_text(json.dumps(config, indent=2))
+def write_capped_config(source: str | Path, live: float, target: str | Path) -> None:
+    """A config with its stage3_max_live_parameters set: the prefetch's cap ahead of backward (issue 33, 29-live)."""
+    config = json.loads(Path(source).read_text())
+    config["zero_optimization"]["stage3_max_live_parameters"] = live
+    Path(target).write_text(json.dumps(config, indent=2))
 
 
 def run_batches(out: Path, deadline_s: float, jobs: dict) -> None:
@@ -157,5 +157,5 @@ if __name__ == "__main__":
     out_dir, deadline = Path(sys.argv[1]), float(sys.argv[2])
     out_dir.mkdir(parents=True, exist_ok=True)
     write_original_configs()
-    write_live_config()
+    write_capped_config(ROOT / "ds_config_stage3.json", 1e9, ROOT / "ds_config_stage3_live1e9.json")  # 3_live1e9
     run_batches(out_dir, deadline, {name: job for batch in sys.argv[3:] for name, job in BATCHES[batch].items()})

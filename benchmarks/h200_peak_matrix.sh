@@ -69,9 +69,8 @@ for group in "$@"; do
                  "offload_live5e8 configs/ds_config_stage3_offload.json 5e8" \
                  "stage3_live1e9 ds_config_stage3.json 1e9"; do
         read -r tag config live <<< "$run"; port=$((${port:-29720} + 1))
-        python3 -c "import json, sys; c = json.load(open(sys.argv[1])); \
-c['zero_optimization']['stage3_max_live_parameters'] = float(sys.argv[2]); json.dump(c, open(sys.argv[3], 'w'))" \
-          "$config" "$live" "$out/$tag.json"
+        python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import h200_batch; \
+h200_batch.write_capped_config(sys.argv[1], float(sys.argv[2]), sys.argv[3])" "$config" "$live" "$out/$tag.json"
         TIMELINE_OUT=$out/timeline TIMELINE_TAG=$tag TIMELINE_LIVE=3 timed "timeline_$tag" python3 -m \
           torch.distributed.run --nproc_per_node 2 --master_port $port benchmarks/memory_timeline.py \
           --config "$out/$tag.json" --steps 3 &

@@ -34,6 +34,7 @@ CASES = {
 
 
 def scaled(elements: float, preset: str) -> int:
+    """A preset's count of elements, as the same share of a block's matrices here."""
     return int(elements * 12 * D_MODEL**2 / (12 * shapes.PRESETS[preset].d_model**2))
 
 
