@@ -116,11 +116,12 @@ def memory(setup, model, args, world, zero):
 
 def host_per_rank(setup, model, args, world, zero, m):
     """What one rank holds on the host: with stage 3's optimizer offloaded, its process's peak resident set
-    (host.host_peak_bytes, pinned memory as the offload config has it: 2.7b on one H200, 57.19 GB predicted, 57.22
-    measured); else what it offloads, its states and the CPU optimizer's fp32 gradients."""
+    (host.host_peak_bytes, with the offload config's offload_optimizer section: 2.7b on one H200, 57.19 GB
+    predicted, 57.22 measured); else what it offloads, its states and the CPU optimizer's fp32 gradients."""
     stage, _ = SETUPS[setup]
     if offloads(setup, args.offload) and not offloads_params(setup, args) and stages.shards_params(stage):
-        section = {**zero, "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+        offload = json.loads(stages.config_path("3_offload").read_text())["zero_optimization"]["offload_optimizer"]
+        section = {**zero, "offload_optimizer": offload}
         return host.host_peak_bytes(stage, WIDTH, world, math.ceil(model.params / world), section,
                                     model.shape, model.params, False)
     return m["host_states"] + m["host_buffers"]

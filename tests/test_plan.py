@@ -411,7 +411,7 @@ def test_a_plan_from_the_one_gpu_run_gives_another_runs_states_within_1_and_peak
 def test_with_stage_3_offloading_its_optimizer_a_node_holds_its_ranks_peak_resident_sets(capsys):
     p = planned(capsys, "--gpus", 8, "--offload", "--stages", 3)
     model = plan.resolve_model(plan.parse_args([]))
-    section = {**plan.zero_section("3"), "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    section = {**plan.zero_section("3"), "offload_optimizer": {"device": "cpu", "pin_memory": True}}  # the config's
     peak = host.host_peak_bytes(3, 2, 8, math.ceil(model.params / 8), section, model.shape, model.params, False)
     assert rows(p, "3")[8]["host_per_node"] == pytest.approx(8 * peak)
     assert peak > (16 + 4) * model.params / 8  # more than its states and fp32 gradients: the process, pinned rounding

@@ -5,9 +5,10 @@ allocates there. Pure arithmetic, as predict.py.
 import math
 from typing import TYPE_CHECKING, Any
 
-from zero3bench.accounting.moments import gathered_ahead, prefetched_twelfths, zero_setting
+from zero3bench.accounting.moments import prefetch_reach, zero_setting
+from zero3bench.accounting.predict import ADAM_BYTES, MASTER_BYTES
 from zero3bench.stages import shards_params
-if TYPE_CHECKING:  # shapes imports predict, which imports moments
+if TYPE_CHECKING:  # shapes imports predict
     from zero3bench.accounting.shapes import GPTConfig
 
 # Fitted on 1.3b offloaded on one H200 (benchmarks/logs/h200/29-live/1-live/timeline/offload_r1_rank0.csv), held
@@ -15,7 +16,6 @@ if TYPE_CHECKING:  # shapes imports predict, which imports moments
 # Python, torch, CUDA's libraries), and what the first step added besides Adam's states.
 PROCESS_BYTES = 1.26e9
 FIRST_STEP_BYTES = 0.67e9
-ADAM_BYTES, MASTER_BYTES = 8, 4
 
 
 def pinned(nbytes: float) -> float:
@@ -32,12 +32,9 @@ def sub_groups(shard: float, zero: dict[str, Any]) -> list[float]:
 def staging_bytes(width: int, world: int, zero: dict[str, Any], shape: "GPTConfig", params: float) -> float:
     """Ranks rehearsed on one GPU talk over gloo, which copies each all-gather's input and output through pinned
     host blocks that torch's allocator keeps: one pair for each gather in flight at once, as many as the prefetch
-    holds ahead of backward (moments.gathered_ahead), one prefetch each."""
-    matrices = 12 * shape.d_model**2
-    twelfths = prefetched_twelfths(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
-    gather = twelfths / 12 * matrices if twelfths <= 12 else zero_setting(zero, "stage3_prefetch_bucket_size")
-    ahead = gathered_ahead(shape.layers, matrices, shape.root_params, params,
-                           zero_setting(zero, "stage3_max_live_parameters"), twelfths)
+    holds ahead of backward (moments.prefetch_reach), one prefetch each."""
+    twelfths, ahead = prefetch_reach(zero, shape, params)
+    gather = twelfths * shape.d_model**2 if twelfths <= 12 else zero_setting(zero, "stage3_prefetch_bucket_size")
     return math.ceil(ahead / gather) * (pinned(width * gather) + pinned(width * gather / world))
 
 

@@ -75,6 +75,14 @@ def gathered_ahead(layers: int, block: float, root: float, params: float, live: 
     return min(live + block, end, params)
 
 
+def prefetch_reach(zero: dict[str, Any], shape: "GPTConfig", params: float) -> tuple[float, float]:
+    """The twelfths of a block that one prefetch gathers, and the most elements gathered ahead of backward, at a
+    config's bucket and cap (prefetched_twelfths, gathered_ahead)."""
+    twelfths = prefetched_twelfths(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
+    return twelfths, gathered_ahead(shape.layers, 12 * shape.d_model**2, shape.root_params, params,
+                                    zero_setting(zero, "stage3_max_live_parameters"), twelfths)
+
+
 def prefetch_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], shape: "GPTConfig",
                    params: int, checkpoint: bool, tokens: int, last_block: float, activations: float) -> float:
     """Stage 3 on more than one rank, in backward with checkpointing, where the prefetch holds the most ahead
@@ -86,9 +94,7 @@ def prefetch_bytes(stage: int, engine: str, width: int, world: int, zero: dict[s
     ranks: 290M of its 353M partitioned elements gathered there, its peak, 29-live/4-trace350m)."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1 and checkpoint):
         return 0
-    twelfths = prefetched_twelfths(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
-    ahead = gathered_ahead(shape.layers, 12 * shape.d_model**2, shape.root_params, params,
-                           zero_setting(zero, "stage3_max_live_parameters"), twelfths)
+    twelfths, ahead = prefetch_reach(zero, shape, params)
     inputs = shape.layers * width * tokens * shape.d_model
     deep = (width * (ahead + shape.padded_vocab * shape.d_model) + inputs + last_block
             + reduction_copies(width, world, zero, params))
