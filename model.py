@@ -92,6 +92,10 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False) if self.checkpoint else block(x)
+        return self.loss(x, targets)
+
+    def loss(self, x, targets):
+        """The mean loss of the blocks' output x: the final LayerNorm, the output layer and the cross-entropy."""
         logits = self.lm_head(self.ln_f(x)).flatten(0, 1)
         # the loss in fp32, a chunk of rows at a time and recomputed in backward: whole, the fp32 logits, their
         # log-softmax and its gradient would hold 12 bytes per logit, which no ZeRO stage partitions

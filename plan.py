@@ -250,7 +250,8 @@ def parse_args(argv):
     p.add_argument("--offload", action="store_true", help="the optimizer on the CPU, at DeepSpeed's stages 1-3")
     p.add_argument("--offload-param", action="store_true", help="the parameters on the CPU too (ZeRO-Infinity's "
                    "offload_param), at DeepSpeed's stage 3; implies --offload")
-    p.add_argument("--micro-batch", type=whole("micro_batch"), default=2, help="rows per GPU per step (default 2)")
+    p.add_argument("--micro-batch", type=whole("micro_batch"),
+                   help="rows per GPU per step (default: the --from run's, at which its MFU was measured; else 2)")
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="activation checkpointing (default on, as train_gpt.py)")
     p.add_argument("--gpus", type=whole("gpus"), nargs="+", default=[8, 64, 512, 1024],
@@ -316,12 +317,13 @@ def measured(args):
     c = inputs.calibration(runs)
     if c:
         few = f"; UNCERTAIN: fewer than {inputs.MIN_STEADY}" if c["uncertain"] else ""
-        found["mfu"] = (c["mfu"], f"measured in {args.results} ({c['run']}, over {c['steady_steps']} steady "
-                                  f"steps{few})")
+        found["mfu"] = (c["mfu"], f"measured in {args.results} ({c['run']}, micro batch {c['micro_batch']}, over "
+                                  f"{c['steady_steps']} steady steps{few})")
     return found, device, curve, c
 
 
-MAKE_RUN = "bash run.sh --ranks 1 --steps 30 makes a run to plan from"
+MAKE_RUN = (f"bash run.sh --ranks 1 --steps 30 --micro-batch {inputs.PLAN_FROM_MICRO_BATCH} makes a run to plan "
+            "from, at a micro batch that keeps the GPU busy")
 
 
 def calibration_warnings(args):
@@ -332,10 +334,14 @@ def calibration_warnings(args):
     if not c:
         return [f"--from {args.results}: no run has a steady step (step {inputs.STEADY_FROM} or later, not the "
                 f"profiled last): the MFU is assumed; {MAKE_RUN}"]
+    warnings = []
+    if args.micro_batch != c["micro_batch"]:
+        warnings.append(f"--from {args.results}: MFU {c['mfu']:.3g} measured at micro batch {c['micro_batch']}, "
+                        f"planned at {args.micro_batch}: a step of another size reaches another MFU")
     if c["uncertain"]:
-        return [f"--from {args.results}: MFU {c['mfu']:.3g} from {c['steady_steps']} steady step(s) of {c['run']}, "
-                f"fewer than {inputs.MIN_STEADY}: uncertain; {MAKE_RUN}"]
-    return []
+        warnings.append(f"--from {args.results}: MFU {c['mfu']:.3g} from {c['steady_steps']} steady step(s) of "
+                        f"{c['run']}, fewer than {inputs.MIN_STEADY}: uncertain; {MAKE_RUN}")
+    return warnings
 
 
 def settle(args):
@@ -352,6 +358,9 @@ def settle(args):
         else:
             setattr(args, key, value)
             args.sources[key] = f"assumed: {why}"
+    if args.micro_batch is None:  # the MFU holds at the micro batch it was measured at
+        calibrated = args.calibration and args.sources["mfu"] != "given"
+        args.micro_batch = args.calibration["micro_batch"] if calibrated else 2
     if args.plot and not args.plot.parent.is_dir():
         raise BadInput(f"--plot {args.plot}: no folder {args.plot.parent}")
     if args.plot and args.plot.is_dir():  # matplotlib would write <folder>.png beside it

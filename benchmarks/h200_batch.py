@@ -54,6 +54,14 @@ BATCHES = {
         "steady10": (30, 60, "--ranks 1 --stages 0 --steps 10 alone"),
         "steady30": (30, 70, "--ranks 1 --stages 0 --steps 30 alone"),
     },
+    "steady_mb": {  # the same at micro batches that keep the GPU busy (0.34 s a step at 16), in two orders
+        "steady10_mb16": (60, 45, "--ranks 1 --stages 0 --steps 10 --micro-batch 16 alone"),
+        "steady30_mb16": (60, 55, "--ranks 1 --stages 0 --steps 30 --micro-batch 16 alone"),
+        "steady30_mb16b": (60, 55, "--ranks 1 --stages 0 --steps 30 --micro-batch 16 alone"),
+        "steady10_mb16b": (60, 45, "--ranks 1 --stages 0 --steps 10 --micro-batch 16 alone"),
+        "steady10_mb8": (45, 40, "--ranks 1 --stages 0 --steps 10 --micro-batch 8 alone"),
+        "steady30_mb8": (45, 50, "--ranks 1 --stages 0 --steps 30 --micro-batch 8 alone"),
+    },
 }
 # what the first call of the verdict and peak batches left unrun, after the fp16 fix (31a6fe3)
 BATCHES["rest"] = {name: {**BATCHES["verdict"], **BATCHES["peaks"]}[name] for name in (

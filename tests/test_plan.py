@@ -11,6 +11,7 @@ import pytest
 
 import plan
 from zero3bench.accounting import host, predict, timing, traffic
+from zero3bench.planning import inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, GIB = 1e9, 2**30
@@ -301,6 +302,26 @@ def test_a_second_such_pair_gave_mfus_within_10_percent(capsys):
     short, long = (planned(capsys, "--from", folder, "--gpus", 8)["calibration"] for folder in (ten, thirty))
     assert long["mfu"] / short["mfu"] == pytest.approx(1.085, abs=0.01)
 
+
+
+@pytest.mark.parametrize("pair", [("steady10_mb16", "steady30_mb16"), ("steady10_mb16b", "steady30_mb16b")])
+def test_at_micro_batch_16_a_10_step_and_a_30_step_run_on_an_h200_give_mfus_within_10_percent(capsys, pair):
+    """Where micro batch 2 leaves the H200 waiting on the host (the pairs above); the runs alone on the GPU, in the
+    orders 10, 30 and 30, 10. At micro batch 8 the pair was still 13% apart (steady10_mb8, steady30_mb8)."""
+    folders = [next((ROOT / "benchmarks/logs/h200/30-steady/3-steady/results" / name).iterdir()) for name in pair]
+    short, long = (planned(capsys, "--from", folder, "--gpus", 8)["calibration"] for folder in folders)
+    assert short["micro_batch"] == long["micro_batch"] == inputs.PLAN_FROM_MICRO_BATCH
+    assert abs(long["mfu"] / short["mfu"] - 1) < 0.10 and not long["uncertain"]
+
+
+def test_the_plan_is_made_at_the_micro_batch_its_mfu_was_measured_at(capsys, tmp_path):
+    p = planned(capsys, "--from", folder_of(tmp_path, micro_batch=16), "--gpus", 8)
+    assert p["inputs"]["micro_batch"] == 16 and "micro batch 16" in p["sources"]["mfu"]
+
+
+def test_a_plan_at_another_micro_batch_than_its_mfus_says_so(capsys, tmp_path):
+    plan.main(["--from", str(folder_of(tmp_path, micro_batch=16)), "--gpus", "8", "--micro-batch", "2"])
+    assert "measured at micro batch 16, planned at 2" in capsys.readouterr().err
 
 def test_a_run_without_a_steady_step_leaves_the_mfu_assumed_and_says_how_to_make_one(capsys, tmp_path):
     p = planned(capsys, "--from", folder_of(tmp_path, steps=record()["steps"][:3]), "--gpus", 8)

@@ -21,6 +21,10 @@ STEADY_FROM = 4
 # fewer steady steps than this give an MFU marked uncertain: on one H200 (26-off-default) stage 0's steps kept
 # quickening to about step 25, and a 10-step run's 7 steady steps gave MFU 0.109 where a 30-step run's 27 gave 0.128
 MIN_STEADY = 20
+# The micro batch of a run to plan from. At 2 an H200's steps wait on the host (0.15 to 0.2 s, MFU 0.10 to 0.14), and
+# a 10-step and a 30-step run gave MFUs 8 to 19% apart in three pairs; at 16 (0.40 s a step, MFU 0.44 to 0.46) two
+# pairs were 2.0% and 0.9% apart (benchmarks/logs/h200/30-steady/3-steady).
+PLAN_FROM_MICRO_BATCH = 16
 
 
 def between(kind: type[int] | type[float], low: float, high: float, why: str,
@@ -124,4 +128,5 @@ def calibration(runs: dict[str, list[RankResult]]) -> dict[str, Any] | None:
     best = max(found, key=lambda name: found[name][0])
     mfu, steps = found[best]
     recompute = 4 / 3 if runs[best][0].checkpoint else 1
-    return {"mfu": min(1.0, mfu * recompute), "run": best, "steady_steps": steps, "uncertain": steps < MIN_STEADY}
+    return {"mfu": min(1.0, mfu * recompute), "run": best, "steady_steps": steps, "uncertain": steps < MIN_STEADY,
+            "micro_batch": runs[best][0].micro_batch}
