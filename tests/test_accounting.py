@@ -554,7 +554,7 @@ LIVE = LOGS / "h200" / "29-live"
 # backward (moments.scatter_bytes: 2.49 GiB, with the weights gathered), 9% above the 2.28 measured. The timeline's
 # reductions peaked at 2.25 GiB, and its peak was the loss's backward, 541 MB above what the rank held before the
 # logits, as the output layer's term counts, with no parameter gathered; what it held then was 0.19 GiB more than
-# predicted (the embedding's 206 MB in bf16, unaccounted). Not traced further.
+# predicted (about the embedding in bf16, 206 MB: a guess, not traced).
 LIVE_MISSES = {"offload_live1e8": 0.092}
 
 
