@@ -54,6 +54,11 @@ BATCHES = {
         "steady10": (30, 60, "--ranks 1 --stages 0 --steps 10 alone"),
         "steady30": (30, 70, "--ranks 1 --stages 0 --steps 30 alone"),
     },
+    "s12_no_checkpoint": {  # stages 1 and 2 without checkpointing, predicted before they ran: 14.75 GiB at 2 ranks
+        # (both), 9.71 and 9.89 at 4, where the committed 4-rank runs, older than the zero section's record, peaked 10.35
+        "s12_r4_nock": (44, 220, '--ranks 4 --stages "1 2" --no-checkpoint'),
+        "s12_r2_nock": (34, 160, '--ranks 2 --stages "1 2" --no-checkpoint'),
+    },
     "steady_mb": {  # the same at micro batches that keep the GPU busy (0.34 s a step at 16), in two orders
         "steady10_mb16": (60, 45, "--ranks 1 --stages 0 --steps 10 --micro-batch 16 alone"),
         "steady30_mb16": (60, 55, "--ranks 1 --stages 0 --steps 30 --micro-batch 16 alone"),
