@@ -14,7 +14,6 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import asdict
 from datetime import timedelta
 
 import deepspeed
@@ -318,7 +317,7 @@ def main(argv=None):
     run, config, lines = compat.degrade(run, config, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     for line in lines:
         log(rank, line)
-    r = result.RankResult(**asdict(run), rank=rank, world_size=world, launcher=launcher,
+    r = result.RankResult(run, rank=rank, world_size=world, launcher=launcher,
                           node=machine.launcher_node(launcher), mem_kind="cuda" if torch.cuda.is_available() else "cpu_rss",
                           timing={"started": psutil.Process().create_time(), "imported": IMPORTED})
     for signum in (signal.SIGINT, signal.SIGTERM):
