@@ -9,7 +9,7 @@ import torch
 
 from zero3bench import machine, options, result, stages
 import train_gpt as t
-from zero3bench.accounting import explain, host, moments, predict, shapes
+from zero3bench.accounting import explain, host, measure, moments, predict, shapes
 from zero3bench.reporting import theory
 from conftest import facts, record
 
@@ -85,6 +85,19 @@ def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):
     counts = {"params_total": PSI, "local_param_elems": PSI // world if stage == 3 else PSI, "persistent_elems": 0,
               "largest_param_elems": PSI // 10, "model_state_breakdown": {"other": other}}
     return record(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
+
+
+def test_the_parts_a_rank_fills_in_are_named_for_fields_of_its_result():
+    for part in (t.Placement, measure.Shards):
+        assert {f.name for f in dataclasses.fields(part)} <= result.FIELDS
+
+
+def test_a_part_named_for_no_field_of_the_result_fails_loudly():
+    @dataclasses.dataclass(frozen=True)
+    class Misspelt:
+        gpu: int = 1
+    with pytest.raises(AttributeError, match="Misspelt.gpu is no field of RankResult"):
+        t.fill(record(), Misspelt())
 
 
 def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
