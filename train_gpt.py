@@ -14,8 +14,9 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import dataclass, fields
 from datetime import timedelta
+from typing import Any
 
 import deepspeed
 import numpy as np
@@ -158,10 +159,19 @@ def timed_step(engine, run, step, x, y, device, census):
 # build: processes, model, engine (the inputs, checked and resolved: zero3bench/inputs.py)
 
 
+@dataclass(frozen=True)
+class Placement:
+    """How the ranks sit on the GPUs (init_distributed), under the names of RankResult's fields."""
+    ranks_per_node: int
+    ranks_per_gpu: int
+    gpus: int
+    rehearsal: bool
+
+
 def init_distributed(timeout_s):
     """Join the process group. With more ranks on a host than GPUs, the ranks share the GPUs over gloo: a
-    rehearsal, in which each rank's memory is real but speed is not. Returns the device and how the ranks
-    sit on the GPUs, and a gloo group of its own in which a timed-out rank asks which peer stopped answering."""
+    rehearsal, in which each rank's memory is real but speed is not. Returns the device, how the ranks sit on
+    the GPUs (Placement), and a gloo group of its own in which a timed-out rank asks which peer stopped answering."""
     local_rank, world = int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     local_size = machine.local_ranks(world)
     if torch.cuda.is_available():
@@ -176,8 +186,8 @@ def init_distributed(timeout_s):
     comms.count_collectives()
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     watch = torch.distributed.new_group(backend="gloo")  # a timed-out group has closed its links to the silent rank
-    return device, {"ranks_per_node": local_size, "ranks_per_gpu": ranks_per_gpu, "gpus": gpus,
-                    "rehearsal": ranks_per_gpu > 1}, watch
+    return device, Placement(ranks_per_node=local_size, ranks_per_gpu=ranks_per_gpu, gpus=gpus,
+                             rehearsal=ranks_per_gpu > 1), watch
 
 
 def build_model(run, config, device):
@@ -230,13 +240,23 @@ def build_engine(model, run, config):
 # measure and report
 
 
+def fill(r: result.RankResult, part: Any) -> None:
+    """r's fields from a dataclass of some of them (Placement, measure.Shards). A name that is no field of r fails
+    here: set as a new attribute, it would leave the RESULT line without a word."""
+    for f in fields(part):
+        if f.name not in result.FIELDS:
+            raise AttributeError(f"{type(part).__name__}.{f.name} is no field of RankResult")
+        setattr(r, f.name, getattr(part, f.name))
+
+
 def start(run, config, tokens, r):
     """Join the process group, then build and train, filling r as it goes; a collective that times out names
     the ranks that stopped answering."""
     with phase(r.rank, "starting the process group"):
         device, placement, watch = init_distributed(run.timeout_s)
-    vars(r).update(placement, env=machine.environment(device),
-                   link_bytes_per_s=machine.link_bandwidth(device, placement, r.world_size))
+    fill(r, placement)
+    r.env = machine.environment(device)
+    r.link_bytes_per_s = machine.link_bandwidth(device, r.world_size, placement.rehearsal, placement.ranks_per_node)
     try:
         build_and_train(run, config, tokens, r, device)
     except RuntimeError as e:
@@ -262,7 +282,7 @@ def build_and_train(run, config, tokens, r, device):
     r.zero_config = compat.zero_config(engine)
     r.memory_at_start = measure.memory_snapshot(device)
     log(r.rank, f"ready to train; optimizer {r.optimizer}{machine.unscaled_fp16_backward(engine)}")
-    vars(r).update(measure.shard_report(engine.module, r.world_size))
+    fill(r, measure.shard_report(engine.module, r.world_size))
     r.weights_checksum = measure.weights_checksum(engine.module, r.rank, device)
     log(r.rank, f"{r.params_total:,} parameters in {r.param_tensors} tensors")
     r.flops_per_token = engine.module.flops_per_token(r.params_total, run.seq)
@@ -318,7 +338,7 @@ def main(argv=None):
     run, config, lines = compat.degrade(run, config, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     for line in lines:
         log(rank, line)
-    r = result.RankResult(**asdict(run), rank=rank, world_size=world, launcher=launcher,
+    r = result.RankResult(run, rank=rank, world_size=world, launcher=launcher,
                           node=machine.launcher_node(launcher), mem_kind="cuda" if torch.cuda.is_available() else "cpu_rss",
                           timing={"started": psutil.Process().create_time(), "imported": IMPORTED})
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -21,7 +21,8 @@ def rows(top):
                 continue  # CPU peaks are not judged; logs before zero_config was recorded predict other buckets
             measured = reading.most(r.peak_mem_bytes for r in dense) / reading.most(r.peak_mem_bytes for r in zero3)
             predicted = theory.predicted_peak(d) / theory.predicted_peak(z)
-            yield (f"{folder}  {d.model} {d.dtype} mb{d.micro_batch} ckpt={d.checkpoint} {world} ranks  "
+            run = d.run
+            yield (f"{folder}  {run.model} {run.dtype} mb{run.micro_batch} ckpt={run.checkpoint} {world} ranks  "
                    f"measured {measured:.2f}x  predicted {predicted:.2f}x  measured/predicted {measured / predicted:.3f}")
 
 

@@ -15,7 +15,8 @@ from zero3bench.reporting.reading import read_results  # noqa: E402
 
 def retimed(log):
     r = read_results(log)[0]
-    return replace(r, deepcompile="deepcompile" in Path(r.config).name)  # the logs predate the field
+    deepcompile = "deepcompile" in Path(r.run.config).name  # the logs predate the field
+    return replace(r, run=replace(r.run, deepcompile=deepcompile))
 
 
 def main(logs):

@@ -19,7 +19,7 @@ def row(folder):
     a, b = dense[0], zero3[0]
     apart = losses.weights_apart(a, b) if not reading.failed(dense) and not reading.failed(zero3) else None
     losses = " -> ".join(f"{x:.3f}" for x in a.losses or [])
-    return (a.seed, a.world_size, losses or reading.status(dense), status,
+    return (a.run.seed, a.world_size, losses or reading.status(dense), status,
             f"{losses.largest_gap(a.losses, b.losses):.1e}" if apart is not None else "-",
             f"{apart:.1e}" if apart is not None else "-", folder)
 

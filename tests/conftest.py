@@ -181,6 +181,14 @@ def facts(stage, world=4, offload=None, mem_kind="cuda"):
                 mem_kind=mem_kind, gpus=world, ranks_per_node=world)
 
 
+def record(**flat):
+    """A rank's result from its RESULT line's flat keys, as RankResult.from_dict reads them; a key that no field of
+    the line holds fails, as a mistyped keyword would."""
+    unknown = flat.keys() - result.RUN_KEYS - result.FIELDS
+    assert not unknown, f"not a field of a RESULT line: {unknown}"
+    return result.RankResult.from_dict(flat)
+
+
 def json_results(log):
     """The RESULT lines of a log as JSON, the form in which other tools read them, by rank."""
     found = [json.loads(line.partition("RESULT ")[2]) for line in Path(log).read_text(errors="replace").splitlines()

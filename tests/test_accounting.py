@@ -1,4 +1,5 @@
 """The arithmetic behind the predictions and checks, on made-up counts: no launch, no GPU needed."""
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -8,9 +9,9 @@ import torch
 
 from zero3bench import machine, options, result, stages
 import train_gpt as t
-from zero3bench.accounting import explain, host, moments, predict, shapes
+from zero3bench.accounting import explain, host, measure, moments, predict, shapes
 from zero3bench.reporting import theory
-from conftest import facts
+from conftest import facts, record
 
 PSI, G = 1_000_000, 4  # parameters, ranks
 
@@ -83,11 +84,24 @@ def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):
     """A made-up record after the census: PSI parameters, a tenth of them in the largest tensor."""
     counts = {"params_total": PSI, "local_param_elems": PSI // world if stage == 3 else PSI, "persistent_elems": 0,
               "largest_param_elems": PSI // 10, "model_state_breakdown": {"other": other}}
-    return result.RankResult(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
+    return record(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
+
+
+def test_the_parts_a_rank_fills_in_are_named_for_fields_of_its_result():
+    for part in (t.Placement, measure.Shards):
+        assert {f.name for f in dataclasses.fields(part)} <= result.FIELDS
+
+
+def test_a_part_named_for_no_field_of_the_result_fails_loudly():
+    @dataclasses.dataclass(frozen=True)
+    class Misspelt:
+        gpu: int = 1
+    with pytest.raises(AttributeError, match="Misspelt.gpu is no field of RankResult"):
+        t.fill(record(), Misspelt())
 
 
 def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
-    r.checkpoint = checkpoint
+    r.run = dataclasses.replace(r.run, checkpoint=checkpoint)
     result.add_predictions(r, t.PRESETS["1.3b"], t.LOSS_CHUNK,
                            {"stage3_prefetch_bucket_size": prefetch, "sub_group_size": sub_group})
     return r
@@ -317,7 +331,7 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
               "peak_reserved_bytes": 20 * i,
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
-    r = result.RankResult(**facts(0, world=1), steps=steps, memory_at_start=start)
+    r = record(**facts(0, world=1), steps=steps, memory_at_start=start)
     result.finish(r, t.PRESETS["1.3b"], t.LOSS_CHUNK, {}, {"peak_mem_bytes": 0})
     assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
 
@@ -371,8 +385,8 @@ PEAK_MISSES: dict[str, float] = {}
 
 
 def run_name(r):
-    setup = "fsdp2" if r.engine == "fsdp2" else f"stage{r.stage}"
-    return f"{setup} G{r.world_size} mb{r.micro_batch} ck{int(r.checkpoint)}"
+    setup = "fsdp2" if r.run.engine == "fsdp2" else f"stage{r.run.stage}"
+    return f"{setup} G{r.world_size} mb{r.run.micro_batch} ck{int(r.run.checkpoint)}"
 
 
 def records(folder):
@@ -387,7 +401,7 @@ def predictable(r):
     zero_optimization section as DeepSpeed read it (FSDP2 reads none). Older logs hold neither, or only the
     census, and were made with configs that have since changed (git log ds_config_stage*.json): what they ran
     cannot be predicted."""
-    config = r.zero_config or r.engine == "fsdp2"
+    config = r.zero_config or r.run.engine == "fsdp2"
     return r.mem_kind == "cuda" and r.steps and not r.oom and r.model_state_breakdown and config
 
 
@@ -418,9 +432,9 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     for summary, r in records(LOGS):
         if not predictable(r):
             continue
-        result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, r.zero_config or {})
+        result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config or {})
         miss = r.predicted_peak_bytes / training_peak(r) - 1
-        covered.add((summary.relative_to(LOGS).parts[1], r.model, run_name(r)))
+        covered.add((summary.relative_to(LOGS).parts[1], r.run.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
     assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default",
@@ -434,9 +448,9 @@ def test_the_8_rank_stage_0_rehearsal_that_ran_out_of_memory_was_predicted_not_t
     oom = [r for r in peak_runs() if r.oom]
     assert {run_name(r) for r in oom} == {"stage0 G8 mb2 ck1"}
     r = oom[0]
-    shape = t.PRESETS[r.model]
-    peak = predict.rank_memory(0, "deepspeed", r.dtype, r.world_size, shape.params, {}, shape,
-                               micro_batch=r.micro_batch, seq=r.seq, checkpoint=r.checkpoint,
+    shape = t.PRESETS[r.run.model]
+    peak = predict.rank_memory(0, "deepspeed", r.run.dtype, r.world_size, shape.params, {}, shape,
+                               micro_batch=r.run.micro_batch, seq=r.run.seq, checkpoint=r.run.checkpoint,
                                loss_chunk=t.LOSS_CHUNK)["peak"]
     assert r.ranks_per_gpu * peak > r.device_total_bytes
 
@@ -484,9 +498,9 @@ def test_fp16_at_stage_3_on_2_h200_ranks_peaks_at_its_overflow_check_within_1_pe
     for path, run in {"2-probe/results/fp16_p12_r2/20261201-221859-A7dr": "stage3_p12",
                       "3-suite/gpu_fp160/20261201-224004-Ka1m": "stage3"}.items():
         for r in committed(f"h200/26-off-default/{path}/summary.json", run):
-            result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, r.zero_config)
-            m = predict.rank_memory(3, "deepspeed", "fp16", 2, r.params_total, r.zero_config, t.PRESETS[r.model],
-                                    shard=r.local_param_elems, micro_batch=2, seq=r.seq, checkpoint=True,
+            result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config)
+            m = predict.rank_memory(3, "deepspeed", "fp16", 2, r.params_total, r.zero_config, t.PRESETS[r.run.model],
+                                    shard=r.local_param_elems, micro_batch=2, seq=r.run.seq, checkpoint=True,
                                     loss_chunk=t.LOSS_CHUNK)
             assert m["held"] + m["overflow_check"] == m["peak"]
             assert r.predicted_peak_bytes / training_peak(r) == pytest.approx(1, abs=0.01)
@@ -569,10 +583,10 @@ def test_the_stage_3_timelines_peak_within_5_percent_of_the_prediction_at_every_
         r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
         # fp16's first steps skip on overflow: the original design's step 3 was its first applied, before which
         # Adam's states did not exist (a 7.21 GiB peak against 9.52, which its run.sh run, 9.66, holds)
-        if r.stage != 3 or r.world_size < 2 or r.dtype != "bf16":
+        if r.run.stage != 3 or r.world_size < 2 or r.run.dtype != "bf16":
             continue
         peak = float(summary.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
-        result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, r.zero_config)
+        result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config)
         if abs(r.predicted_peak_bytes / peak - 1) > PEAK_TOLERANCE:
             misses[tag] = round(r.predicted_peak_bytes / peak - 1, 3)
     assert misses == LIVE_MISSES
@@ -585,8 +599,8 @@ def committed(path, run):
 
 def miss_with_todays_config(r):
     """The prediction's miss of a run without a recorded config, with its stage's config as it is today."""
-    zero = json.loads(stages.config_path(r.stage).read_text())["zero_optimization"]
-    result.add_predictions(r, t.PRESETS[r.model], t.LOSS_CHUNK, zero)
+    zero = json.loads(stages.config_path(r.run.stage).read_text())["zero_optimization"]
+    result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, zero)
     return r.predicted_peak_bytes / training_peak(r) - 1
 
 
@@ -594,7 +608,7 @@ def test_stage_0_in_fp32_peaks_at_the_all_reduces_flat_copy_within_1_percent_on_
     """1.3b, checkpointing, micro batch 2: the flat copy of a 5e8-element bucket is 2.0 GB (7% of the peak).
     Stage 0 reads nothing of its config's zero_optimization section that the prediction uses."""
     [r, *_] = committed("h200x2/10-final/results/20261130-135408-BSt7/summary.json", "stage0")
-    assert r.dtype == "fp32" and abs(miss_with_todays_config(r)) < 0.01
+    assert r.run.dtype == "fp32" and abs(miss_with_todays_config(r)) < 0.01
 
 
 # Stage 1 at 4 rehearsed ranks without checkpointing peaked 0.69 GB above its backward's start as predicted, as
@@ -624,9 +638,9 @@ def test_the_host_holds_the_offloaded_states_and_the_cpu_optimizers_fp32_gradien
     the host's figure uses). The processes' resident memory besides (the runtime, pinned staging, the CPU
     optimizer's temporaries) is not predicted."""
     for r in committed(path, run):
-        shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
-        m = predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, r.params_total, {}, shard=shard,
-                                persistent=r.persistent_elems, offload=r.offload)
+        shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
+        m = predict.rank_memory(r.run.stage, r.run.engine, r.run.dtype, r.world_size, r.params_total, {}, shard=shard,
+                                persistent=r.persistent_elems, offload=r.run.offload)
         assert m["host_states"] + m["host_buffers"] == pytest.approx(sum(r.host_state_breakdown.values()), rel=0.01)
 
 
@@ -677,6 +691,6 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
     for path, r in (*records(LOGS), *timelines):
         predicted = theory.predicted_host_peak(r) if r.host_peak_rss_bytes and r.steps else None
         if predicted:
-            found[(str(path.relative_to(LOGS)), r.stage, r.rank)] = predicted / r.host_peak_rss_bytes - 1
+            found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.host_peak_rss_bytes - 1
     assert len({run for run, _, _ in found}) == 18
     assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}

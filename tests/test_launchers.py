@@ -14,7 +14,7 @@ import torch
 
 from zero3bench import machine, options, result
 import train_gpt
-from conftest import HUNG_TIMEOUT_S
+from conftest import HUNG_TIMEOUT_S, record
 from launchers import real
 from zero3bench.reporting import reading
 
@@ -276,7 +276,7 @@ def test_the_deepspeed_launchers_dead_rank_is_the_one_that_left_no_result(tmp_pa
 
 
 def test_a_result_line_cut_short_is_passed_over(tmp_path):
-    whole = result.result_line(result.RankResult(rank=0, world_size=2, stage=3))
+    whole = result.result_line(record(rank=0, world_size=2, stage=3))
     log = tmp_path / "stage3.log"
     log.write_text(whole + "\n" + whole[:len(whole) // 2] + "\n")
     assert [r.rank for r in reading.read_results(log)] == [0]

@@ -395,10 +395,10 @@ def test_the_allocators_reserve_covers_every_committed_h200_run_of_the_projects_
     from zero3bench.result import add_predictions
     worst = 0
     for _, r in records(LOGS):
-        if predictable(r) and "_original" not in r.config:  # the original design's 5e8 buckets fragment more
-            add_predictions(r, plan.PRESETS[r.model], plan.LOSS_CHUNK, r.zero_config or {})
+        if predictable(r) and "_original" not in r.run.config:  # the original design's 5e8 buckets fragment more
+            add_predictions(r, plan.PRESETS[r.run.model], plan.LOSS_CHUNK, r.zero_config or {})
             m = {"peak": r.predicted_peak_bytes, "freed_grads": r.predicted_breakdown["grads"] if
-                 predict.frees_grads(r.stage, r.engine) else 0}
+                 predict.frees_grads(r.run.stage, r.run.engine) else 0}
             worst = max(worst, max(s["peak_reserved_bytes"] for s in r.steps) - predict.reserved_bytes(m))
     assert 1 * GIB < worst <= plan.ASSUMED["reserve_gib"][0] * GIB
 

@@ -12,7 +12,7 @@ import report
 from zero3bench import result
 from zero3bench.reporting import compare, tables
 from zero3bench.reporting.verdict import CRITERIA
-from conftest import ROOT, planted
+from conftest import ROOT, facts, planted, record
 
 # a results folder in the repository, from a rehearsal of 4 ranks on one H200
 COMMITTED = ROOT / "benchmarks" / "logs" / "h200" / "21-verdict" / "2-warm" / "results" / "20261201-111451-Hmzt"
@@ -176,11 +176,12 @@ def test_summary_json_stays_valid_json_when_the_loss_diverges(run_sh, tmp_path):
     json.loads((folder / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))
 
 
-def test_a_rank_result_begins_with_every_setting_of_the_run_in_its_order():
+def test_a_result_line_begins_with_every_setting_of_the_run_in_its_order():
     run = [f.name for f in dataclasses.fields(options.Run)]
-    assert [f.name for f in dataclasses.fields(result.RankResult)][:len(run)] == run
+    assert list(result.as_dict(record(**facts(3))))[:len(run)] == run
 
 
 def test_a_result_line_reads_back_as_the_same_result():
-    r = result.RankResult(stage=3, rank=1, world_size=2, micro_batch=2, seq=8, steps=[{"step": 1, "loss": 5.0, "time_s": 0.5}])
+    run = dataclasses.replace(result.RankResult().run, stage=3, micro_batch=2, seq=8)
+    r = result.RankResult(run, rank=1, world_size=2, steps=[{"step": 1, "loss": 5.0, "time_s": 0.5}])
     assert result.RankResult.from_dict(json.loads(result.result_line(r)[len("RESULT "):])) == r

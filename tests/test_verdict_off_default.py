@@ -11,7 +11,7 @@ import pytest
 import report
 from zero3bench import result
 from zero3bench.reporting import defects, reading, theory, verdict
-from conftest import ROOT, facts, free_port, planted, run, shared
+from conftest import ROOT, facts, free_port, planted, record, run, shared
 
 GIB = 2**30
 OLDEST = ROOT / "benchmarks" / "logs" / "h200" / "25-oldest"
@@ -162,7 +162,7 @@ def test_fp16_with_no_step_applied_leaves_b_and_c_not_observable(run_sh, tmp_pat
 
 
 def test_the_step_line_says_a_step_was_skipped_with_its_loss_scale():
-    r = result.RankResult(**facts(3))
+    r = record(**facts(3))
     r.steps = [{"step": 1, "loss": 11.098, "lr": 1e-5, "applied": False, "loss_scale": 32768.0, "time_s": 1.0,
                 "peak_mem_bytes": GIB}]
     assert "loss scale 32768  SKIPPED: overflow" in result.step_line(r, r.steps[0])
@@ -171,7 +171,7 @@ def test_the_step_line_says_a_step_was_skipped_with_its_loss_scale():
 
 
 def test_the_progress_line_counts_applied_and_skipped_steps():
-    r = result.RankResult(**facts(3))
+    r = record(**facts(3))
     r.steps = [{"step": i, "loss": 1.0, "applied": i > 2} for i in (1, 2, 3)]
     assert verdict.progress_lines({"stage3": [r]}) == ["stage3 1 of 3 steps (2 more skipped)"]
 
@@ -185,7 +185,7 @@ def zero_config(stage):
 
 
 def gpu_rank(stage, world, peak, **settings):
-    r = result.RankResult(**{**facts(stage, world), **settings}, peak_mem_bytes=peak, zero_config=zero_config(stage))
+    r = record(**{**facts(stage, world), **settings}, peak_mem_bytes=peak, zero_config=zero_config(stage))
     r.steps = [{"step": 1, "loss": 1.0, "applied": True}]
     r.model_state_breakdown = {"params": 1, "grads": 1, "master": 1, "moments": 1, "other": 0}
     r.predicted_model_state_bytes = 4
@@ -193,7 +193,7 @@ def gpu_rank(stage, world, peak, **settings):
 
 
 def test_the_default_at_4_ranks_still_expects_the_acceptance_checks_3x():
-    dense, zero3 = (result.RankResult(**{**facts(stage, 4), "checkpoint": True}, zero_config=zero_config(stage))
+    dense, zero3 = (record(**{**facts(stage, 4), "checkpoint": True}, zero_config=zero_config(stage))
                     for stage in (0, 3))
     assert theory.predicted_peak(dense) / theory.predicted_peak(zero3) / theory.PEAK_SLACK >= 3
 

@@ -364,10 +364,10 @@ NVLINK_GBPS = {"H100 PCIe": None, "H100 NVL": None, "H200 NVL": None, "H100": 45
                "A100": 300, "A800": 200, "B200": 900, "GB200": 900}
 
 
-def link_bandwidth(device: torch.device, placement: Mapping[str, int], world: int) -> float | None:
+def link_bandwidth(device: torch.device, world: int, rehearsal: bool, ranks_per_node: int) -> float | None:
     """The link between this node's GPUs in bytes per second, where NCCL runs over it alone: one node, one
     rank per GPU, a known GPU."""
-    if device.type != "cuda" or placement["rehearsal"] or world > placement["ranks_per_node"] or world < 2:
+    if device.type != "cuda" or rehearsal or world > ranks_per_node or world < 2:
         return None
     gbps = by_gpu_name(NVLINK_GBPS, device)
     return gbps and gbps * 1e9

@@ -47,23 +47,24 @@ DIVERGED_FACTOR = 10
 @dataclass(frozen=True)
 class Run:
     """What one run trains and how, resolved once from the command line, the config and the machine
-    (train_gpt.resolve); every rank's RESULT begins with these fields (result.RankResult)."""
-    stage: int
+    (train_gpt.resolve); every rank's RESULT begins with these fields (result.RankResult). A run read back from a
+    log that lacks a field (one from an older version, or none: reading.NOTHING) holds None there."""
+    stage: int | None
     engine: str  # "deepspeed", or "fsdp2": PyTorch's fully_shard as ZeRO-3's peer
-    model: str
-    config: str
-    dtype: str
-    micro_batch: int
-    seq: int
-    steps_planned: int  # --steps; fewer run where a signal or a diverged loss stops the run
-    lr: float
-    warmup: int
-    seed: int
-    checkpoint: bool
-    compile: bool
+    model: str | None
+    config: str | None
+    dtype: str | None
+    micro_batch: int | None
+    seq: int | None
+    steps_planned: int | None  # --steps; fewer run where a signal or a diverged loss stops the run
+    lr: float | None
+    warmup: int | None
+    seed: int | None
+    checkpoint: bool | None
+    compile: bool | None
     deepcompile: bool  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
     max_mem_gib: float | None  # --max-mem-gib, or None: no cap
-    timeout_s: float
+    timeout_s: float | None
     offload: dict = dataclass_field(default_factory=dict)  # offload_devices(config)
     data: str | None = None  # --data, or None for Python's own sources
     fused_adamw: bool | None = None  # whether torch's fused AdamW steps on this device (compat.degrade)

@@ -19,6 +19,7 @@ PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
 # Their kernels are also counted where the wrapper does not see them (DTensor's norm in FSDP2's clipping).
 BUSBW_MIN_BYTES = 1 << 20
+RUN_KEYS = {f.name for f in fields(options.Run)}
 
 
 def last_step(r: "RankResult", key: str) -> Any:
@@ -31,31 +32,18 @@ def model_states_of(breakdown: dict[str, int]) -> int:
     return sum(v for k, v in breakdown.items() if k != "other")
 
 
+def run_from(d: dict[str, Any]) -> options.Run:
+    """The run of a RESULT line, whose keys begin with its fields. A log from before a field was recorded lacks
+    it: that run was DeepSpeed's, without DeepCompile or offload, and its other settings are unknown (None)."""
+    absent: dict[str, Any] = {**dict.fromkeys(RUN_KEYS), "engine": "deepspeed", "deepcompile": False, "offload": {}}
+    return options.Run(**{name: d.get(name, value) for name, value in absent.items()})
+
+
 @dataclass
 class RankResult:
-    """One rank's result, built once as the rank starts (options.Run's fields first) and filled as it runs; a
+    """One rank's result, built once as the rank starts (its options.Run first) and filled as it runs; a
     rank that fails keeps what it got. as_dict is its RESULT line; from_dict reads one back."""
-    # the run: options.Run's fields, the same names (tests/test_summary.py holds the two together)
-    stage: int = None
-    engine: str = "deepspeed"  # or "fsdp2": PyTorch's fully_shard as ZeRO-3's peer
-    model: str = None
-    config: str = None
-    dtype: str = None
-    micro_batch: int = None
-    seq: int = None
-    steps_planned: int = None  # --steps; fewer ran where a signal or a diverged loss stopped the run
-    lr: float = None
-    warmup: int = None
-    seed: int = None
-    checkpoint: bool = None
-    compile: bool = None
-    deepcompile: bool = False  # DeepSpeed's compiler, whose collectives run in its graph, unseen by accounting.comms
-    max_mem_gib: float = None
-    timeout_s: float = None
-    offload: dict = field(default_factory=dict)
-    data: str = None
-    fused_adamw: bool = None
-    leaf_modules: bool = None
+    run: options.Run = field(default_factory=lambda: run_from({}))  # its RESULT line carries its fields first, flat
     # where it ran
     rank: int = None
     world_size: int = None
@@ -122,7 +110,7 @@ class RankResult:
         """A RESULT line's result; its figures are worked out again, and keys it does not know (a figure, or
         a field of an older or newer version) are passed over. Logs from before flops_per_token and peak_tflops
         were recorded stored only the figures made of them: those give them back."""
-        r = cls(**{k: v for k, v in d.items() if k in FIELDS})
+        r = cls(run_from(d), **{k: v for k, v in d.items() if k in FIELDS})
         tflops, tokens = d.get("tflops_per_gpu"), d.get("tokens_per_s")
         if r.flops_per_token is None and tflops and tokens and r.gpus:
             r.flops_per_token = tflops * 1e12 * r.gpus / tokens
@@ -171,7 +159,7 @@ class RankResult:
     @property
     def timed_from(self) -> int:
         """The first step that counts for speed."""
-        return options.first_timed_step(self.deepcompile, self.stage)
+        return options.first_timed_step(self.run.deepcompile, self.run.stage)
 
     @property
     def step_time_s(self) -> float | None:
@@ -186,7 +174,7 @@ class RankResult:
     def counted_comm(self) -> dict[str, dict[str, int]] | None:
         """The last step's collectives as accounting.comms counted them; None with DeepCompile, whose own op
         calls NCCL from C++, where the count does not reach."""
-        return None if self.deepcompile else last_step(self, "comm")
+        return None if self.run.deepcompile else last_step(self, "comm")
 
     @property
     def comm_bytes(self) -> dict[str, int] | None:
@@ -203,7 +191,7 @@ class RankResult:
 
     @property
     def paper_comm_volume(self) -> int:
-        return traffic.comm_volume(self.stage, self.world_size)
+        return traffic.comm_volume(self.run.stage, self.world_size)
 
     @property
     def busbw(self) -> dict[str, float | None] | None:
@@ -223,7 +211,7 @@ class RankResult:
         return traffic.read_curve({int(k): v for k, v in curve.items()}, nbytes) if curve else None
 
     def tokens_per_step(self) -> int:
-        return self.world_size * self.micro_batch * self.seq
+        return self.world_size * self.run.micro_batch * self.run.seq
 
     def tflops_at(self, seconds: float | None) -> float | None:
         """Each GPU's TFLOP/s in a step of this many seconds (FLOPs: predict.flops_per_token)."""
@@ -245,12 +233,20 @@ class RankResult:
 
 
 FIGURES = [name for name, value in vars(RankResult).items() if isinstance(value, property)]
-FIELDS = {f.name for f in fields(RankResult)}
+FIELDS = {f.name for f in fields(RankResult)} - {"run"}  # the rank's own, as its RESULT line names them
+# the fields a RESULT line carries, in its order, with the types a record's values must have
+LINE_FIELDS = [*fields(options.Run), *(f for f in fields(RankResult) if f.name in FIELDS)]
+
+
+def line_value(r: RankResult, key: str) -> Any:
+    """The field that r's RESULT line carries under key, its run's or its own: for settings named as data."""
+    return getattr(r.run if key in RUN_KEYS else r, key)
 
 
 def as_dict(r: RankResult) -> dict[str, Any]:
-    """The result as its RESULT line carries it: its fields and its figures."""
-    return {**asdict(r), **{name: getattr(r, name) for name in FIGURES}}
+    """The result as its RESULT line carries it, flat: its run's fields, its own and its figures."""
+    own = asdict(r)
+    return {**own.pop("run"), **own, **{name: getattr(r, name) for name in FIGURES}}
 
 
 PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
@@ -266,28 +262,29 @@ def add_predictions(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zer
     """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
     optimizer step's fp32 gradients and the peak (predict.rank_memory, from this rank's counts), against which
     the measurement is judged; zero is the zero_optimization section as DeepSpeed read it."""
-    shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
-    m = predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, r.params_total, zero, shape, shard=shard,
-                            persistent=r.persistent_elems, largest=r.largest_param_elems, micro_batch=r.micro_batch,
-                            seq=r.seq, checkpoint=r.checkpoint, loss_chunk=loss_chunk, offload=r.offload,
-                            flash=predict.uses_flash(r.mem_kind == "cuda", r.dtype), rehearsed=bool(r.rehearsal),
+    run = r.run
+    shard = predict.shard_elems(run.stage, r.params_total, r.local_param_elems, r.world_size)
+    m = predict.rank_memory(run.stage, run.engine, run.dtype, r.world_size, r.params_total, zero, shape, shard=shard,
+                            persistent=r.persistent_elems, largest=r.largest_param_elems, micro_batch=run.micro_batch,
+                            seq=run.seq, checkpoint=run.checkpoint, loss_chunk=loss_chunk, offload=run.offload,
+                            flash=predict.uses_flash(r.mem_kind == "cuda", run.dtype), rehearsed=bool(r.rehearsal),
                             on_gpu=r.mem_kind == "cuda", deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM)
     r.predicted_breakdown = m["breakdown"]
     r.predicted_model_state_bytes, r.predicted_host_state_bytes = m["states"], m["host_states"]
-    r.deepspeed_estimate = predict.deepspeed_estimate(r.stage, r.params_total, r.largest_param_elems,
+    r.deepspeed_estimate = predict.deepspeed_estimate(run.stage, r.params_total, r.largest_param_elems,
                                                       r.ranks_per_node, r.world_size // r.ranks_per_node,
-                                                      r.offload) if r.engine == "deepspeed" else None
+                                                      run.offload) if run.engine == "deepspeed" else None
     r.activation_estimate_bytes, r.step_transient_bytes = m["activations"], m["transient"]
     r.predicted_peak_bytes = m["peak"]
 
 
 def add_shares(r: RankResult) -> None:
     """What this rank holds of each kind of model state against what its stage promises."""
-    whole = predict.model_states(r.stage, r.dtype, r.params_total, r.params_total, engine=r.engine)
+    whole = predict.model_states(r.run.stage, r.run.dtype, r.params_total, r.params_total, engine=r.run.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
     r.promised_fraction = predict.shares(r.predicted_breakdown, whole)
     straddling = 2 * r.largest_param_elems / r.params_total
-    r.partition_check_ok = predict.holds_as_promised(r.held_fraction, r.promised_fraction, r.stage, straddling,
+    r.partition_check_ok = predict.holds_as_promised(r.held_fraction, r.promised_fraction, r.run.stage, straddling,
                                                      PARTITION_TOLERANCE)
 
 
@@ -324,9 +321,9 @@ def step_line(r: RankResult, s: dict[str, Any]) -> str:
     """One step as the terminal shows it as it runs; once one is skipped, how many of --steps were applied."""
     tflops = r.tflops_at(s["time_s"])
     skipped = ("  SKIPPED: overflow, weights not updated" if not s.get("applied", True) else
-               f"  applied {r.applied_steps} of {r.steps_planned}" if r.skipped_steps else "")
+               f"  applied {r.applied_steps} of {r.run.steps_planned}" if r.skipped_steps else "")
     scale = f"  loss scale {s['loss_scale']:g}{skipped}" if s.get("loss_scale") is not None else skipped
-    return (f"step {s['step']}/{r.steps_planned}  loss {s['loss']:.4f}  lr {s['lr']:.2e}  time {s['time_s']:.3f}s  "
+    return (f"step {s['step']}/{r.run.steps_planned}  loss {s['loss']:.4f}  lr {s['lr']:.2e}  time {s['time_s']:.3f}s  "
             f"mem {gib(s['peak_mem_bytes']):.2f} GiB  tok/s {r.tokens_per_step() / s['time_s']:,.0f}  "
             f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}{scale}")
 
@@ -354,7 +351,7 @@ def memory_lines(tag: str, r: RankResult) -> list[str]:
     held, promised = r.held_fraction, r.promised_fraction
     lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
         f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +
-        f": {'as' if r.partition_check_ok else 'NOT as'} stage {r.stage} promises")
+        f": {'as' if r.partition_check_ok else 'NOT as'} stage {r.run.stage} promises")
     estimate = r.deepspeed_estimate
     if estimate:
         lines.append(f"{tag} DeepSpeed's estimator: {size(estimate['device'])} per device, "
@@ -367,11 +364,11 @@ def memory_lines(tag: str, r: RankResult) -> list[str]:
 
 def human_lines(r: RankResult) -> list[str]:
     """What one rank holds, in words; a rank that failed early has fewer figures."""
-    tag = f"[Stage {r.stage}] Rank {r.rank}"
+    tag = f"[Stage {r.run.stage}] Rank {r.rank}"
     lines = partition_lines(tag, r) if r.param_tensors is not None else []
     lines += memory_lines(tag, r) if r.model_state_bytes is not None else []
     if r.rank == 0 and r.losses:
-        lines.append(f"[Stage {r.stage}] first-step loss: {r.first_loss:.4f}; losses: "
+        lines.append(f"[Stage {r.run.stage}] first-step loss: {r.first_loss:.4f}; losses: "
                      + ", ".join(f"{x:.4f}" for x in r.losses))
     if r.mem_kind == "cuda":
         extra = (f"peak allocated; reserved {gib(r.peak_reserved_bytes or 0):.2f}, after init "

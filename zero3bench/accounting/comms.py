@@ -161,7 +161,7 @@ def link_curve(device: torch.device, r: RankResult) -> dict[str, float] | None:
     NCCL between GPUs or under a memory cap; it stops at the first size that does not fit, and its memory is
     left out of the run's peak."""
     world = torch.distributed.get_world_size()
-    if device.type != "cuda" or r.rehearsal or r.max_mem_gib or world < 2:
+    if device.type != "cuda" or r.rehearsal or r.run.max_mem_gib or world < 2:
         return None
     curve = {}
     for nbytes in LINK_SIZES:

@@ -29,17 +29,18 @@ def estimator_gap(r: RankResult) -> list[str]:
     """Why DeepSpeed's estimate of the device's model states departs from the measurement: what its formulas
     add. Without GPUs, offload's device and host are one memory: no gap."""
     estimate = r.deepspeed_estimate
-    if not estimate or (r.mem_kind != "cuda" and any(r.offload.values())):
+    if not estimate or (r.mem_kind != "cuda" and any(r.run.offload.values())):
         return []
     if abs(r.model_state_bytes / estimate["device"] - 1) <= EXPLAIN_BEYOND:
         return []
     adds = []
-    if not r.offload["optimizer"]:
-        paper = 16 if shards_params(r.stage) else 14
-        why = "" if shards_params(r.stage) else (": fp32 gradients, by its own comment, which exist here only in the "
-                                          "optimizer step (the peak estimate has them)")
+    if not r.run.offload["optimizer"]:
+        paper = 16 if shards_params(r.run.stage) else 14
+        why = "" if shards_params(r.run.stage) else (
+            ": fp32 gradients, by its own comment, which exist here only in the optimizer step (the peak estimate "
+            "has them)")
         adds.append(f"{18 - paper} bytes per partition element (18 where the paper counts {paper}){why}")
-    if shards_params(r.stage):
+    if shards_params(r.run.stage):
         adds.append(f"4 bytes per element of the largest layer ({r.largest_param_elems:,} elements)")
     return [f"DeepSpeed's estimator: {size(estimate['device'])} against {size(r.model_state_bytes)} "
             f"measured: " + ("it adds " + " and ".join(adds) if adds else "no known cause")]
@@ -56,7 +57,7 @@ def state_gaps(r: RankResult, held: dict[str, int]) -> list[str]:
         diff = held[kind] - predicted[kind]
         if abs(diff) > 0.02 * total:
             cause = next((c for (k, sign, applies), c in CAUSES.items()
-                          if k == kind and sign * diff > 0 and applies(r.stage)), "no known cause")
+                          if k == kind and sign * diff > 0 and applies(r.run.stage)), "no known cause")
             found.append(f"model states: {kind} {'+' if diff > 0 else '-'}{size(abs(diff))}: {cause}")
     return found
 
@@ -69,7 +70,7 @@ def prefetch_cause(r: RankResult) -> str:
         return ""
     live = zero_setting(r.zero_config, "stage3_max_live_parameters")
     bucket = zero_setting(r.zero_config, "stage3_prefetch_bucket_size")
-    if not (shards_params(r.stage) and r.engine == "deepspeed" and r.world_size > 1 and not r.checkpoint
+    if not (shards_params(r.run.stage) and r.run.engine == "deepspeed" and r.world_size > 1 and not r.run.checkpoint
             and live > 2 * bucket):
         return ""
     return f"; stage3_max_live_parameters ({live:.0e}) lets the prefetch gather up to {live:,.0f} elements at once"

@@ -127,6 +127,6 @@ def calibration(runs: dict[str, list[RankResult]]) -> dict[str, Any] | None:
         return None
     best = max(found, key=lambda name: found[name][0])
     mfu, steps = found[best]
-    recompute = 4 / 3 if runs[best][0].checkpoint else 1
+    recompute = 4 / 3 if runs[best][0].run.checkpoint else 1
     return {"mfu": min(1.0, mfu * recompute), "run": best, "steady_steps": steps, "uncertain": steps < MIN_STEADY,
-            "micro_batch": runs[best][0].micro_batch}
+            "micro_batch": runs[best][0].run.micro_batch}

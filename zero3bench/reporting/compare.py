@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from zero3bench.formatting import fmt, format_table, signed_pct
-from zero3bench.result import RankResult
+from zero3bench.result import RankResult, line_value
 
 from .bounds import SAME_IN_BOTH
 from .reading import Results, load_runs, status
@@ -19,13 +19,13 @@ TRACKED = {"model_states": "rise", "peak_memory": "rise", "first_loss": None, "l
 
 def steps_trained(r: RankResult) -> int:
     """The steps a run was to train; logs from before steps_planned was recorded give the steps that ran."""
-    return r.steps_planned or len(r.steps)
+    return r.run.steps_planned or len(r.steps)
 
 
 def settings(r: RankResult) -> dict[str, Any]:
     """What two runs of one name must agree on to measure the same thing: SAME_IN_BOTH, the GPUs, and the steps,
     which move the last loss and the steps that speed is timed over."""
-    return {**{key: getattr(r, key) for key in (*SAME_IN_BOTH, "gpus")}, "steps": steps_trained(r)}
+    return {**{key: line_value(r, key) for key in (*SAME_IN_BOTH, "gpus")}, "steps": steps_trained(r)}
 
 
 def compare_run(name: str, a: Results, b: Results,

@@ -33,31 +33,31 @@ def share(rs: Results, group: str, side: Callable[[list[float]], float]) -> floa
 def stage3_holds_more_params(runs: list[Results]) -> bool:
     """A stage-3 DeepSpeed run holds more of the parameters after backward than it promises (0.19.2: 33% at 4
     ranks, promised 25%; 65% of the tiny model at 2, promised 51%)."""
-    return any(shards_params(rs[0].stage) and rs[0].engine == "deepspeed" and rs[0].promised_fraction
+    return any(shards_params(rs[0].run.stage) and rs[0].run.engine == "deepspeed" and rs[0].promised_fraction
                and (share(rs, "params", max) or 0) > (1 + PARTITION_TOLERANCE) * rs[0].promised_fraction["params"]
                for rs in runs if rs)
 
 
 def stage0_bf16_trains_less(runs: list[Results]) -> bool:
     """A bf16 stage-0 run's last loss is above the other stage's (0.18.4: 4.723 against 4.669)."""
-    dense = [rs[0] for rs in runs if rs and shards_nothing(rs[0].stage) and rs[0].dtype == "bf16"]
-    others = [rs[0] for rs in runs if rs and not shards_nothing(rs[0].stage)]
+    dense = [rs[0] for rs in runs if rs and shards_nothing(rs[0].run.stage) and rs[0].run.dtype == "bf16"]
+    others = [rs[0] for rs in runs if rs and not shards_nothing(rs[0].run.stage)]
     return any(d.trained_losses and o.trained_losses and d.trained_losses[-1] > (1 + LOSS_GAP) * o.trained_losses[-1]
                for d in dense for o in others)
 
 
 def stage0_bf16_partitions_optimizer(runs: list[Results]) -> bool:
     """A bf16 stage-0 run on several ranks holds less than all of its optimizer states (0.17.5: 50% at 2 ranks)."""
-    return any(shards_nothing(rs[0].stage) and rs[0].dtype == "bf16" and rs[0].world_size > 1
+    return any(shards_nothing(rs[0].run.stage) and rs[0].run.dtype == "bf16" and rs[0].world_size > 1
                and (share(rs, "optimizer", min) or 1) < 1 - PARTITION_TOLERANCE for rs in runs if rs)
 
 
 def stage0_fp16_never_overflows(runs: list[Results]) -> bool:
     """An fp16 stage-0 DeepSpeed run skipped no step where another stage's skipped some: its gradients were never
     scaled (machine.loss_for_backward's defect; 0.19.8 unpatched, 4 ranks: none against 3)."""
-    dense = [rs[0] for rs in runs if rs and shards_nothing(rs[0].stage) and rs[0].dtype == "fp16"
-             and rs[0].engine == "deepspeed"]
-    others = [rs[0] for rs in runs if rs and not shards_nothing(rs[0].stage) and rs[0].dtype == "fp16"]
+    dense = [rs[0] for rs in runs if rs and shards_nothing(rs[0].run.stage) and rs[0].run.dtype == "fp16"
+             and rs[0].run.engine == "deepspeed"]
+    others = [rs[0] for rs in runs if rs and not shards_nothing(rs[0].run.stage) and rs[0].run.dtype == "fp16"]
     return any(not d.skipped_steps and o.skipped_steps for d in dense for o in others)
 
 

@@ -60,12 +60,12 @@ def loss(dense: Results, zero3: Results) -> tuple[str, Loss]:
              not_falling=[name for name, x in losses.items() if not loss_falls(x)],
              gap=largest_gap(*losses.values()) if both else None,
              weights_apart=weights_apart(dense[0], zero3[0]) if both else None,
-             steps=min(len(x) for x in losses.values()), at_design_step=design_losses(zero3[0].model, losses))
+             steps=min(len(x) for x in losses.values()), at_design_step=design_losses(zero3[0].run.model, losses))
     f = replace(f, misses=loss_misses(f))
     if f.steps < FALLING_STEPS and not f.misses:
         return "NOT OBSERVABLE", f
     if f.misses and alike(f) and at_own_rate(zero3[0]):
-        return "NOT OBSERVABLE", replace(f, own_rate=zero3[0].lr, preset_rate=PRESETS[zero3[0].model].lr)
+        return "NOT OBSERVABLE", replace(f, own_rate=zero3[0].run.lr, preset_rate=PRESETS[zero3[0].run.model].lr)
     return ("FAIL" if f.misses else "PASS"), f
 
 
@@ -78,8 +78,8 @@ def alike(f: Loss) -> bool:
 def at_own_rate(r: RankResult) -> bool:
     """The run trained at a rate of its own (its config's or --lr's), not its model's preset: one at which the
     loss does not fall, alike at both stages, says nothing of ZeRO-3 (the original design's 1e-4 rose at both)."""
-    preset = PRESETS.get(r.model)
-    return bool(r.lr and preset and preset.lr and not math.isclose(r.lr, preset.lr))
+    preset = PRESETS.get(r.run.model)
+    return bool(r.run.lr and preset and preset.lr and not math.isclose(r.run.lr, preset.lr))
 
 
 def loss_misses(f: Loss) -> list[str]:

@@ -2,21 +2,21 @@
 The ranks' results from a results folder's logs, as result.RankResult, and what each run says: whether it
 finished, how, and which runs the criteria set side by side. A run is the list of its ranks' results.
 """
-import dataclasses
 import json
 import re
 import signal
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from types import NoneType, UnionType
+from typing import Any, TypeVar, get_args
 
 from zero3bench.exits import EXIT, SIGNALS
 
 from zero3bench.formatting import gib
 from zero3bench.options import BadInput
 from zero3bench.reporting import deaths
-from zero3bench.result import RankResult
+from zero3bench.result import LINE_FIELDS, RankResult
 from zero3bench.stages import DENSE, ZERO3, is_own_config
 
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
@@ -29,13 +29,20 @@ Figure = TypeVar("Figure", int, float)  # most() gives the kind of figure it is 
 OLDER_KINDS = {"link_busbw": (dict, int, float)}
 
 
+def held_type(hint: Any) -> Any:
+    """The type of a field's value where it holds one: X for X | None (a run's setting that a log may lack)."""
+    kinds = [kind for kind in get_args(hint) if kind is not NoneType]
+    return kinds[0] if isinstance(hint, UnionType) and len(kinds) == 1 else hint
+
+
 def mistyped(d: dict[str, Any]) -> bool:
     """Whether a RESULT record holds a value of another kind than its field's (a number in quotes, steps that are
     not a list of records), which every reader after this one would trip on."""
-    for f in dataclasses.fields(RankResult):
-        value, kind = d.get(f.name), OLDER_KINDS.get(f.name, (int, float) if f.type is float else f.type)
-        if value is not None and isinstance(f.type, type) and (
-                not isinstance(value, kind) or isinstance(value, bool) and f.type is not bool):
+    for f in LINE_FIELDS:
+        declared = held_type(f.type)
+        value, kind = d.get(f.name), OLDER_KINDS.get(f.name, (int, float) if declared is float else declared)
+        if value is not None and isinstance(declared, type) and (
+                not isinstance(value, kind) or isinstance(value, bool) and declared is not bool):
             return True
     return not all(isinstance(s, dict) for s in d.get("steps") or [])
 
@@ -165,12 +172,12 @@ def unaccounted(results: Results) -> list[int]:
 
 
 def offloads(results: Results) -> bool:
-    return bool(results) and any((results[0].offload or {}).values())
+    return bool(results) and any((results[0].run.offload or {}).values())
 
 
 def peer(results: Results) -> bool:
     """A run of FSDP2, ZeRO-3's peer, rather than of DeepSpeed."""
-    return first(results).engine != "deepspeed"
+    return first(results).run.engine != "deepspeed"
 
 
 def plain(results: Results) -> bool:
@@ -181,12 +188,12 @@ def plain(results: Results) -> bool:
 def reference_rank(r: RankResult) -> tuple[bool, bool, bool, bool]:
     """Stage 0 first; then an eager run before a compiled one, a stage's own config before variants of it, and
     DeepSpeed before its peer."""
-    return (r.stage != DENSE, bool(r.compile), not is_own_config(r.config, r.stage),
-            r.engine != "deepspeed")
+    return (r.run.stage != DENSE, bool(r.run.compile), not is_own_config(r.run.config, r.run.stage),
+            r.run.engine != "deepspeed")
 
 
 def same_compile(a: Results, b: Results) -> bool:
-    return bool(a[0].compile) == bool(b[0].compile)
+    return bool(a[0].run.compile) == bool(b[0].run.compile)
 
 
 def pairs(runs: Runs) -> dict[int, tuple[Results, Results]]:
@@ -195,11 +202,11 @@ def pairs(runs: Runs) -> dict[int, tuple[Results, Results]]:
     is or not: compiling changes the peak that (b) compares."""
     found: dict[int, tuple[Results, Results]] = {}
     for results in sorted((rs for rs in runs.values() if rs), key=lambda rs: reference_rank(rs[0])):
-        if results[0].stage in (DENSE, ZERO3) and plain(results):
+        if results[0].run.stage in (DENSE, ZERO3) and plain(results):
             dense, zero3 = found.setdefault(results[0].world_size, ([], []))
-            if results[0].stage == DENSE and not dense:
+            if results[0].run.stage == DENSE and not dense:
                 dense.extend(results)
-            elif results[0].stage == ZERO3 and not zero3 and (not dense or same_compile(dense, results)):
+            elif results[0].run.stage == ZERO3 and not zero3 and (not dense or same_compile(dense, results)):
                 zero3.extend(results)
     return found
 
@@ -242,7 +249,7 @@ def machine_of(folder: Path) -> tuple[dict[str, tuple[float, str]], str | None, 
     figures = {name: run_figures(rs) for name, rs in results.items() if rs}
     best = max((n for n in figures if figures[n]["mfu"]), key=lambda n: figures[n]["mfu"], default=None)
     if best:
-        recompute = 4 / 3 if results[best][0].checkpoint else 1
+        recompute = 4 / 3 if results[best][0].run.checkpoint else 1
         found["mfu"] = (min(1.0, figures[best]["mfu"] * recompute), f"{source} ({best})")
     for name, f in figures.items():
         one_node = all((r.world_size or 0) <= (r.ranks_per_node or 0) for r in results[name])

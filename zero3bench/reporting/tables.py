@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from zero3bench.formatting import fmt, format_table, other_bytes, relative_error, size
-from zero3bench.result import RankResult
+from zero3bench.result import RankResult, line_value
 from zero3bench.stages import ZERO3
 
 from .bounds import SAME_COMPILED_OR_NOT
@@ -114,10 +114,10 @@ COMPARISON = [
     Row("last_loss", "last loss", lambda rs: (first(rs).losses or [None])[-1], ".4f"),
     # fp16's loss scaler skips a step on overflow
     Row("skipped_steps", "skipped steps",
-        lambda rs: first(rs).skipped_steps if first(rs).dtype == "fp16" or first(rs).skipped_steps else None, "d",
+        lambda rs: first(rs).skipped_steps if first(rs).run.dtype == "fp16" or first(rs).skipped_steps else None, "d",
         optional=True),
     Row("step_time_s", "step time s", lambda rs: first(rs).step_time_s, ".3f", FASTER[::-1], speed=True),
-    Row("timed_from", "  timed from step", lambda rs: first(rs).timed_from if first(rs).deepcompile else None, "d",
+    Row("timed_from", "  timed from step", lambda rs: first(rs).timed_from if first(rs).run.deepcompile else None, "d",
         optional=True),
     Row("tokens_per_s", "tokens/s", lambda rs: first(rs).tokens_per_s, ",.0f", FASTER, speed=True),
     Row("mfu", "MFU", lambda rs: first(rs).mfu, ".1%", LOWER, speed=True),
@@ -164,8 +164,8 @@ def comparison_table(runs: Runs) -> str:
 def stage3_runs(runs: Runs, peer_run: RankResult) -> Runs:
     """{name: results} of DeepSpeed's stage-3 runs without offload with the peer's settings (compiled or not),
     in reference_rank's order: the stage's own config first, then its variants (DeepCompile, ...)."""
-    found = [(name, rs) for name, rs in runs.items() if rs and rs[0].stage == ZERO3 and plain(rs)
-             and all(getattr(rs[0], key) == getattr(peer_run, key) for key in SAME_COMPILED_OR_NOT)]
+    found = [(name, rs) for name, rs in runs.items() if rs and rs[0].run.stage == ZERO3 and plain(rs)
+             and all(line_value(rs[0], key) == line_value(peer_run, key) for key in SAME_COMPILED_OR_NOT)]
     return dict(sorted(found, key=lambda item: reference_rank(item[1][0])))
 
 
@@ -203,7 +203,7 @@ def compile_lines(runs: Runs) -> list[str]:
     """What DeepCompile cost, and what its figures leave out."""
     lines = []
     for name, rs in runs.items():
-        if failed(rs) or not rs[0].deepcompile:  # a failed run's status is in the table
+        if failed(rs) or not rs[0].run.deepcompile:  # a failed run's status is in the table
             continue
         timed_from = rs[0].timed_from
         took = " and ".join(f"{s['time_s']:.0f} s at step {s['step']}" for s in rs[0].steps

@@ -25,13 +25,15 @@ UNRECORDED = {"stage3_max_live_parameters": 0}
 def predicted_peak(r: RankResult) -> float | None:
     """One rank's peak as predict.rank_memory gives it for the run's settings alone (what train_gpt.py --check
     says), not from what the rank counted; None for a model that is no preset."""
-    shape, on_gpu = PRESETS.get(r.model), r.mem_kind == "cuda"
+    run = r.run
+    shape, on_gpu = PRESETS.get(run.model), r.mem_kind == "cuda"
     if shape is None:
         return None
     zero = r.zero_config or UNRECORDED
-    return predict.rank_memory(r.stage, r.engine, r.dtype, r.world_size, shape.params, zero, shape,
-                               micro_batch=r.micro_batch, seq=r.seq, checkpoint=r.checkpoint, loss_chunk=LOSS_CHUNK,
-                               offload=r.offload or predict.NO_OFFLOAD, flash=predict.uses_flash(on_gpu, r.dtype),
+    return predict.rank_memory(run.stage, run.engine, run.dtype, r.world_size, shape.params, zero, shape,
+                               micro_batch=run.micro_batch, seq=run.seq, checkpoint=run.checkpoint,
+                               loss_chunk=LOSS_CHUNK, offload=run.offload or predict.NO_OFFLOAD,
+                               flash=predict.uses_flash(on_gpu, run.dtype),
                                on_gpu=on_gpu, deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM,
                                rehearsed=bool(r.rehearsal))["peak"]
 
@@ -39,9 +41,9 @@ def predicted_peak(r: RankResult) -> float | None:
 def predicted_host_peak(r: RankResult) -> float | None:
     """A GPU rank's peak resident set on the host where it offloads its optimizer at stage 3 (host.host_peak_bytes,
     at its partition and its config as DeepSpeed read it); None otherwise, or where the record lacks them."""
-    shape = PRESETS.get(r.model)
+    shape = PRESETS.get(r.run.model)
     if shape is None or not r.zero_config or r.mem_kind != "cuda" or r.params_total is None:
         return None
-    shard = predict.shard_elems(r.stage, r.params_total, r.local_param_elems, r.world_size)
-    return host.host_peak_bytes(r.stage, predict.WIDTH[r.dtype], r.world_size, shard, r.zero_config, shape,
+    shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
+    return host.host_peak_bytes(r.run.stage, predict.WIDTH[r.run.dtype], r.world_size, shard, r.zero_config, shape,
                                 r.params_total, bool(r.rehearsal))

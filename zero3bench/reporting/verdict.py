@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from zero3bench.formatting import size
+from zero3bench.result import line_value
 from .bounds import FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, MEMORY_SLACK, SAME_IN_BOTH, SAME_TRAINING
 from .defects import known_defects
 from .losses import loss, loss_gaps, say_loss
@@ -95,7 +96,7 @@ def memory(dense: Results, zero3: Results) -> tuple[str, Memory]:
     if failed(zero3):
         return "FAIL", Memory(unfinished="stage 3", status=status(zero3))
     if oom(dense):
-        return "PASS", Memory(only_stage3_fits=True, cap_gib=zero3[0].max_mem_gib)
+        return "PASS", Memory(only_stage3_fits=True, cap_gib=zero3[0].run.max_mem_gib)
     if failed(dense):
         return "FAIL", Memory(unfinished="stage 0", status=status(dense))
     if unmeasured := unmeasured_memory(dense, zero3):
@@ -107,7 +108,7 @@ def memory(dense: Results, zero3: Results) -> tuple[str, Memory]:
         return ("PASS" if f.states_ok else "FAIL"), f
     theory = predicted_peak(dense[0]), predicted_peak(zero3[0])
     if None in theory:
-        return "NOT OBSERVABLE", replace(f, no_theory=dense[0].model)
+        return "NOT OBSERVABLE", replace(f, no_theory=dense[0].run.model)
     predicted = theory[0] / theory[1]
     f = replace(f, predicted_peak_ratio=predicted, expected_peak_ratio=predicted / PEAK_SLACK,
                 peak_ok=f.peak0 / f.peak3 >= predicted / PEAK_SLACK)
@@ -186,7 +187,7 @@ def same_training(runs: Runs) -> Optional[tuple[str, SameTraining]]:
                       key=lambda item: reference_rank(item[1]))
     references, compared = {}, []
     for name, r in finished:
-        reference, ref = references.setdefault(tuple(getattr(r, key) for key in SAME_TRAINING), (name, r))
+        reference, ref = references.setdefault(tuple(line_value(r, key) for key in SAME_TRAINING), (name, r))
         if ref is not r:
             compared.append(Comparison(name, reference, *loss_gaps(ref, r)))
     if not compared:
@@ -254,7 +255,7 @@ def check_pair(dense: Results, zero3: Results) -> list[Check]:
     if not dense or not zero3:  # a run that crashed without a result fails (d) instead
         return [Check(pair_labels(), "NOT OBSERVABLE", f"no plain stage-{0 if not dense else 3} run with this "
                                                         "number of ranks; the criteria compare the two")]
-    differ = [key for key in SAME_IN_BOTH if getattr(dense[0], key) != getattr(zero3[0], key)]
+    differ = [key for key in SAME_IN_BOTH if line_value(dense[0], key) != line_value(zero3[0], key)]
     if differ:
         return [Check("the two runs are comparable", "FAIL", "they differ in " + ", ".join(differ))]
     return [row for c in CRITERIA if c.scope == PAIR for row in judged(c, dense, zero3)]
@@ -300,7 +301,7 @@ def interruption(runs: Runs, deaths: list[str]) -> str | None:
 
 def progress_lines(runs: Runs) -> list[str]:
     """How far each run got, and which runs never started (RUN_SKIPPED, from run.sh)."""
-    lines = [f"{name} {rs[0].applied_steps} of {rs[0].steps_planned or '?'} steps"
+    lines = [f"{name} {rs[0].applied_steps} of {rs[0].run.steps_planned or '?'} steps"
              + (f" ({rs[0].skipped_steps} more skipped)" if rs[0].skipped_steps else "") if rs else f"{name} no result"
              for name, rs in runs.items()]
     skipped = os.environ.get("RUN_SKIPPED", "").split()
