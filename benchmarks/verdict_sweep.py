@@ -18,8 +18,8 @@ def row(folder):
     status, _ = losses.loss(dense, zero3)
     a, b = dense[0], zero3[0]
     apart = losses.weights_apart(a, b) if not reading.failed(dense) and not reading.failed(zero3) else None
-    losses = " -> ".join(f"{x:.3f}" for x in a.losses or [])
-    return (a.run.seed, a.world_size, losses or reading.status(dense), status,
+    trail = " -> ".join(f"{x:.3f}" for x in a.losses or [])
+    return (a.run.seed, a.world_size, trail or reading.status(dense), status,
             f"{losses.largest_gap(a.losses, b.losses):.1e}" if apart is not None else "-",
             f"{apart:.1e}" if apart is not None else "-", folder)
 
