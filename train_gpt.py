@@ -338,8 +338,8 @@ def main(argv=None):
     run, config, lines = compat.degrade(run, config, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     for line in lines:
         log(rank, line)
-    r = result.RankResult(run, rank=rank, world_size=world, launcher=launcher,
-                          node=machine.launcher_node(launcher), mem_kind="cuda" if torch.cuda.is_available() else "cpu_rss",
+    r = result.RankResult(run, rank=rank, world_size=world, launcher=launcher, node=machine.launcher_node(launcher),
+                          mem_kind="cuda" if torch.cuda.is_available() else "cpu_rss",
                           timing={"started": psutil.Process().create_time(), "imported": IMPORTED})
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, Stop.on_signal)

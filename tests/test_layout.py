@@ -18,6 +18,10 @@ def test_no_module_is_over_400_lines(path):
 
 
 @pytest.mark.parametrize("path", PRODUCT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_line_is_over_120_characters(path):
+    assert [i for i, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 120] == []
+
+@pytest.mark.parametrize("path", PRODUCT, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_function_is_over_40_lines(path):
     long = [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 40]

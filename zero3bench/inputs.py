@@ -42,8 +42,8 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], options.Run, np.n
     on_gpu = torch.cuda.is_available()
     model = args.model or ("1.3b" if on_gpu else "tiny")
     shape = PRESETS[model]
-    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(), "known_optimizer": config_checks.known_optimizer,
-            "fsdp2_missing": fsdp2.missing()}
+    host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(),
+            "known_optimizer": config_checks.known_optimizer, "fsdp2_missing": fsdp2.missing()}
     world = args.check or int(os.environ["WORLD_SIZE"])
     config, where = options.read_config(args.config), f" {args.config}"
     config, autos = config_checks.from_other_tools(config, shape.d_model, where)

@@ -371,7 +371,8 @@ def fsdp2_can_run(config: dict[str, Any], args: argparse.Namespace, section: dic
     if host["fsdp2_missing"]:
         raise BadInput(f"--engine fsdp2: {host['fsdp2_missing']}")
     if not stages.shards_params(args.stage):
-        raise BadInput(f"--engine fsdp2 is ZeRO-3's peer and reads a stage-{stages.ZERO3} config, not stage {args.stage}")
+        raise BadInput(f"--engine fsdp2 is ZeRO-3's peer and reads a stage-{stages.ZERO3} config, "
+                       f"not stage {args.stage}")
     found = {"an optimizer section": section, "offload": any(offload_devices(config).values()),
              "a scheduler": "scheduler" in config,
              "DeepCompile": field(config, "compile.deepcompile", (bool,), False, where)}

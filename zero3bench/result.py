@@ -103,7 +103,8 @@ class RankResult:
     steps: list = field(default_factory=list)
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
-    link_busbw: dict = None  # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
+    # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
+    link_busbw: dict = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RankResult":

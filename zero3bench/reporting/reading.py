@@ -235,9 +235,10 @@ def run_figures(results: Results) -> dict[str, float | None]:
 
 def machine_of(folder: Path) -> tuple[dict[str, tuple[float, str]], str | None, dict[int, float] | None]:
     """What a results folder's summary.json (its "results": each run's RESULT lines) says of the machine, for
-    plan.py's --from: {input: (value, source)}, the devices, and the link's curve where a run measured one. The MFU is the best run's, the one that lost least to communication, and a
-    third higher where it checkpointed, since --mfu counts the recomputed FLOPs; its all-gather's bus bandwidth
-    is within a node if all its ranks were on one."""
+    plan.py's --from: {input: (value, source)}, the devices, and the link's curve where a run measured one. The
+    MFU is the best run's, the one that lost least to communication, and a third higher where it checkpointed,
+    since --mfu counts the recomputed FLOPs; its all-gather's bus bandwidth is within a node if all its ranks
+    were on one."""
     try:
         runs = json.loads((folder / "summary.json").read_text())["results"]
         results = {name: [RankResult.from_dict(r) for r in rs if isinstance(r, dict)] for name, rs in runs.items()}
