@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from zero3bench import machine, options, result
+from zero3bench import machine, options, parts, result
 import train_gpt
 from conftest import HUNG_TIMEOUT_S, record
 from launchers import real
@@ -333,5 +333,5 @@ def test_torchruns_failure_that_no_result_explains_is_the_dead_rank(tmp_path):
     log = tmp_path / "stage3.log"
     log.write_text(TORCHRUN_RANK_0_FIRST)
     rank_0 = result.RankResult(rank=0, world_size=2, launcher="torchrun", error="RuntimeError: Connection reset",
-                               env={"host": "vm"})
+                               env=parts.Environment(host="vm"))
     assert reading.dead_rank(log, [rank_0]) == "rank 1 on vm ended first, killed by SIGKILL (the launcher's report)"

@@ -29,6 +29,7 @@ import torch
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
 from zero3bench import compat
+from zero3bench.parts import Environment
 from zero3bench.options import MAX_RANKS, BadInput
 
 if TYPE_CHECKING:
@@ -380,7 +381,7 @@ def peak_tflops(device: torch.device, dtype: str) -> int | None:
     return by_gpu_name(PEAK_TFLOPS, device)
 
 
-def environment(device: torch.device) -> dict[str, Any]:
+def environment(device: torch.device) -> Environment:
     """What the run ran on, for each rank's result."""
     env = {"host": socket.gethostname(), "python": platform.python_version(), "torch": torch.__version__,
            "deepspeed": deepspeed.__version__, "cuda": torch.version.cuda, "gpus_on_host": torch.cuda.device_count(),
@@ -391,4 +392,4 @@ def environment(device: torch.device) -> dict[str, Any]:
                                            capture_output=True, text=True, timeout=30).stdout.split()[0]
         except (OSError, IndexError, subprocess.SubprocessError):
             env["driver"] = None
-    return env
+    return Environment.from_dict(env)

@@ -10,7 +10,7 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from zero3bench import options
+from zero3bench import options, parts
 from zero3bench.accounting import explain, predict, shapes, traffic
 from zero3bench.exits import EXIT, SIGNALS
 from zero3bench.formatting import fmt, gib, pct, relative_error, size
@@ -55,7 +55,7 @@ class RankResult:
     ranks_per_gpu: int = None
     rehearsal: bool = None
     link_bytes_per_s: float = None  # NVLink's, per GPU and direction, where the ranks communicate over it
-    env: dict = None
+    env: parts.Environment = None
     # how it ended
     oom: bool = False
     error: str = None
@@ -111,7 +111,7 @@ class RankResult:
         """A RESULT line's result; its figures are worked out again, and keys it does not know (a figure, or
         a field of an older or newer version) are passed over. Logs from before flops_per_token and peak_tflops
         were recorded stored only the figures made of them: those give them back."""
-        r = cls(run_from(d), **{k: v for k, v in d.items() if k in FIELDS})
+        r = cls(run_from(d), **{**{k: v for k, v in d.items() if k in FIELDS}, **parts.of(d)})
         tflops, tokens = d.get("tflops_per_gpu"), d.get("tokens_per_s")
         if r.flops_per_token is None and tflops and tokens and r.gpus:
             r.flops_per_token = tflops * 1e12 * r.gpus / tokens
@@ -246,7 +246,7 @@ def line_value(r: RankResult, key: str) -> Any:
 
 def as_dict(r: RankResult) -> dict[str, Any]:
     """The result as its RESULT line carries it, flat: its run's fields, its own and its figures."""
-    own = asdict(r)
+    own = {**asdict(r), "env": r.env.as_dict() if r.env else None}
     return {**own.pop("run"), **own, **{name: getattr(r, name) for name in FIGURES}}
 
 

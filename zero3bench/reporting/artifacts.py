@@ -31,8 +31,8 @@ def run_environment(runs: Runs) -> dict[str, Any]:
     ranks = [r for rs in runs.values() for r in rs if r.env]
     if not ranks:
         return {}
-    env = {k: v for k, v in ranks[0].env.items() if k != "host"}
-    env["hosts"] = sorted({r.env["host"] for r in ranks})
+    env = {k: v for k, v in ranks[0].env.as_dict().items() if k != "host"}
+    env["hosts"] = sorted({r.env.host for r in ranks})
     if ranks[0].mem_kind == "cuda":
         env["gpus"] = max(r.gpus for r in ranks)
     else:

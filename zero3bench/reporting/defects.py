@@ -86,7 +86,7 @@ def version(text: str | None) -> tuple[int, ...] | None:
 
 def deepspeed_version(runs: list[Results]) -> str | None:
     """The oldest DeepSpeed version that any of the runs recorded, as text; None where none did."""
-    found = [(v, text) for rs in runs for r in rs[:1] if (v := version(text := (r.env or {}).get("deepspeed")))]
+    found = [(v, text) for rs in runs for r in rs[:1] if (v := version(text := r.env.deepspeed if r.env else None))]
     return min(found)[1] if found else None
 
 

@@ -25,8 +25,9 @@ Runs = dict[str, Results]  # a folder's runs, by log name
 Figure = TypeVar("Figure", int, float)  # most() gives the kind of figure it is given
 
 
-# Kinds a field takes beyond its own: logs from before the link's curve hold its one figure
-OLDER_KINDS = {"link_busbw": (dict, int, float)}
+# Kinds a field takes on a RESULT line beyond its own: a typed part's record; logs from before the link's curve
+# hold its one figure
+OLDER_KINDS = {"link_busbw": (dict, int, float), "env": dict}
 
 
 def held_type(hint: Any) -> Any:
@@ -102,7 +103,7 @@ def dead_rank(log: str | Path, results: Results) -> str | None:
         return None
     rank, node, code = found
     if node == "localhost" and first(results).env and first(results).launcher != "deepspeed":
-        node = first(results).env["host"]  # torchrun names a single node so
+        node = first(results).env.host  # torchrun names a single node so
     ranks = f"rank {rank}" if isinstance(rank, int) else "one of ranks " + ", ".join(map(str, rank))
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
     return f"{ranks} on {node} ended first, {how} (the launcher's report)"
@@ -260,7 +261,7 @@ def machine_of(folder: Path) -> tuple[dict[str, tuple[float, str]], str | None, 
             found.setdefault("gpu_mem_gib", (gib(f["device_total_bytes"]), source))
         if f["peak_tflops"]:
             found.setdefault("peak_tflops", (f["peak_tflops"], source))
-    devices = sorted({(r.env or {}).get("device") for rs in results.values() for r in rs} - {None})
+    devices = sorted({r.env.device for rs in results.values() for r in rs if r.env} - {None})
     curves = [r.link_busbw for rs in results.values() for r in rs
               if isinstance(r.link_busbw, dict) and r.world_size <= (r.ranks_per_node or 0)]
     return found, ", ".join(devices) or None, {int(k): v for k, v in curves[0].items()} if curves else None
