@@ -24,7 +24,7 @@ import psutil
 import torch
 from deepspeed import comm as dist
 
-from zero3bench import compat, fsdp2, machine, options, result, stages
+from zero3bench import compat, fsdp2, machine, options, parts, result, stages
 from zero3bench.inputs import prediction_line, resolve
 from zero3bench.accounting import comms, measure
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
@@ -109,15 +109,16 @@ def train(engine, run, tokens, device, r):
         last = trained + 1 == run.steps_planned
         with comms.step(device, profiled=last and trained >= 2 and nccl) as comm:
             loss, signalled, elapsed = timed_step(engine, run, trained + 1, x, y, device, r if last else None)
-        s = {"step": step, "loss": loss / r.world_size, "lr": engine.get_lr()[0], "applied": engine.was_step_applied(),
-             "loss_scale": machine.loss_scale(engine) if run.dtype == "fp16" else None,
-             "time_s": elapsed, **measure.memory_snapshot(device), **comm}
+        s = parts.Step.from_dict({  # a record: the RESULT line carries only the keys of this device's memory snapshot
+            "step": step, "loss": loss / r.world_size, "lr": engine.get_lr()[0], "applied": engine.was_step_applied(),
+            "loss_scale": machine.loss_scale(engine) if run.dtype == "fp16" else None,
+            "time_s": elapsed, **measure.memory_snapshot(device), **comm})
         r.steps.append(s)
-        if s["applied"] and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
+        if s.applied and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
             r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device)  # what (c) compares
         log(r.rank, result.step_line(r, s))
         Stop.signalled = signalled
-        Stop.reason = f"interrupted by {Stop.interrupted_by(True)}" if signalled else diverged(s["loss"], r.first_loss)
+        Stop.reason = f"interrupted by {Stop.interrupted_by(True)}" if signalled else diverged(s.loss, r.first_loss)
         if Stop.reason or r.applied_steps == run.steps_planned:
             break
     if Stop.reason:

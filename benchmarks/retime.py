@@ -22,7 +22,7 @@ def retimed(log):
 def main(logs):
     runs = [retimed(log) for log in logs]
     for log, r in zip(logs, runs):
-        compiles = {s["step"]: round(s["time_s"], 1) for s in r.steps if s["time_s"] > 10 * r.step_time_s}
+        compiles = {s.step: round(s.time_s, 1) for s in r.steps if s.time_s > 10 * r.step_time_s}
         print(json.dumps({"log": log, "timed_from": r.timed_from, "step_time_s": round(r.step_time_s, 4),
                           "tokens_per_s": round(r.tokens_per_s),
                           "x_first": round(r.tokens_per_s / runs[0].tokens_per_s, 3),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from zero3bench import machine, options, result, stages
+from zero3bench import machine, options, parts, result, stages
 import train_gpt as t
 from zero3bench.accounting import explain, host, measure, moments, predict, shapes
 from zero3bench.reporting import theory
@@ -352,7 +352,7 @@ def test_fsdp2_keeps_fp32_weights_and_gradients_and_no_master_copy():
 
 def test_speed_leaves_out_the_first_step_and_the_profiled_one():
     r = rank(3)
-    r.steps = [{"step": i, "time_s": t, "comm_s": profiled} for i, (t, profiled) in
+    r.steps = [parts.Step(step=i, time_s=t, comm_s=profiled) for i, (t, profiled) in
                enumerate([(9.0, None), (1.0, None), (3.0, None), (8.0, {"all_gather": 0.1})], start=1)]
     assert r.step_time_s == 2.0
 
@@ -361,7 +361,7 @@ def test_bus_bandwidth_of_a_run_comes_from_the_profiled_steps_kernels():
     r = rank(3, world=2)
     comm = {kind: {"bytes": 1e9, "elems": 5e8, "calls": 1} for kind in ("all_gather", "reduce_scatter", "all_reduce")}
     seconds = {"all_gather": 0.01, "reduce_scatter": 0.02, "all_reduce": None}
-    r.steps = [{"time_s": 1.0, "comm": comm, "comm_s": seconds}]
+    r.steps = [parts.Step(time_s=1.0, comm=comm, comm_s=seconds)]
     assert r.busbw == {"all_gather": pytest.approx(50e9), "reduce_scatter": pytest.approx(25e9), "all_reduce": None}
     assert r.comm_volume == pytest.approx(4 * 5e8 / PSI)
 
@@ -369,7 +369,7 @@ def test_bus_bandwidth_of_a_run_comes_from_the_profiled_steps_kernels():
 def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
     r = rank(3, world=2)
     comm = {kind: {"bytes": 4, "elems": 1, "calls": 1} for kind in ("all_gather", "reduce_scatter", "all_reduce")}
-    r.steps = [{"time_s": 1.0, "comm": comm, "comm_s": dict.fromkeys(comm, 1e-5)}]
+    r.steps = [parts.Step(time_s=1.0, comm=comm, comm_s=dict.fromkeys(comm, 1e-5))]
     assert r.busbw == dict.fromkeys(comm)
 
 
@@ -415,7 +415,7 @@ def training_peak(r):
     """The most allocated in any step. The record's peak_mem_bytes also covers what ran after the last step:
     in these runs the trained weights' checksum, which on FSDP2 built an autograd graph of 8 bytes a weight
     (24.91 GiB against 20.12 in training at micro batch 2), since run under no_grad."""
-    return max(s["peak_mem_bytes"] for s in r.steps)
+    return max(s.peak_mem_bytes for s in r.steps)
 
 
 def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_records_its_config():

@@ -399,7 +399,7 @@ def test_the_allocators_reserve_covers_every_committed_h200_run_of_the_projects_
             add_predictions(r, plan.PRESETS[r.run.model], plan.LOSS_CHUNK, r.zero_config or {})
             m = {"peak": r.predicted_peak_bytes, "freed_grads": r.predicted_breakdown["grads"] if
                  predict.frees_grads(r.run.stage, r.run.engine) else 0}
-            worst = max(worst, max(s["peak_reserved_bytes"] for s in r.steps) - predict.reserved_bytes(m))
+            worst = max(worst, max(s.peak_reserved_bytes for s in r.steps) - predict.reserved_bytes(m))
     assert 1 * GIB < worst <= plan.ASSUMED["reserve_gib"][0] * GIB
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from zero3bench import options
 import report
-from zero3bench import result
+from zero3bench import parts, result
 from zero3bench.reporting import compare, tables
 from zero3bench.reporting.verdict import CRITERIA
 from conftest import ROOT, facts, planted, record
@@ -118,7 +118,7 @@ def test_compare_flags_runs_that_trained_another_number_of_steps(tmp_path, capsy
         return {**r, "steps_planned": 2, "steps": r["steps"][:2], "losses": r["losses"][:2]}
     assert report.main(["--compare", str(COMMITTED), str(planted(COMMITTED, tmp_path, "stage3", two_steps))]) == 1
     assert "stage3 measured something else: it differs in steps" in capsys.readouterr().out
-    assert compare.steps_trained(result.RankResult(steps=[{}, {}])) == 2  # a log from before steps_planned
+    assert compare.steps_trained(result.RankResult(steps=[parts.Step(), parts.Step()])) == 2  # a log from before steps_planned
 
 
 def test_compare_tracks_a_figure_whatever_its_row_is_called(tmp_path, capsys, monkeypatch):
@@ -183,5 +183,6 @@ def test_a_result_line_begins_with_every_setting_of_the_run_in_its_order():
 
 def test_a_result_line_reads_back_as_the_same_result():
     run = dataclasses.replace(result.RankResult().run, stage=3, micro_batch=2, seq=8)
-    r = result.RankResult(run, rank=1, world_size=2, steps=[{"step": 1, "loss": 5.0, "time_s": 0.5}])
+    r = result.RankResult(run, rank=1, world_size=2, env=parts.Environment(host="vm", gpus_on_host=0),
+                          steps=[parts.Step(step=1, loss=5.0, time_s=0.5)])
     assert result.RankResult.from_dict(json.loads(result.result_line(r)[len("RESULT "):])) == r

@@ -1,6 +1,7 @@
 """The verdict off the default path: fp16's skipped steps, (b) against theory, every rank accounted for, the cause
 of a failed run on the terminal, and DeepSpeed's known defects named. Records are built from run_sh's healthy logs
 (or the committed ones of older DeepSpeed versions), since fp16 needs a GPU."""
+import dataclasses
 import json
 import shutil
 import socket
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 import report
-from zero3bench import result
+from zero3bench import parts, result
 from zero3bench.reporting import defects, reading, theory, verdict
 from conftest import ROOT, facts, free_port, planted, record, run, shared
 
@@ -138,8 +139,8 @@ def skipped_3(run_sh, tmp_path_factory):
 
 def test_a_run_trains_until_its_steps_are_applied_on_the_same_rows(skipped_3, run_sh):
     [r, *_] = reading.read_results(skipped_3 / "stage3.log")
-    assert [s["applied"] for s in r.steps] == [False] * 3 + [True] * 3
-    assert len({s["loss"] for s in r.steps[:4]}) == 1  # nothing trained: the same rows, the same loss
+    assert [s.applied for s in r.steps] == [False] * 3 + [True] * 3
+    assert len({s.loss for s in r.steps[:4]}) == 1  # nothing trained: the same rows, the same loss
     dense = reading.read_results(run_sh.folder / "stage0.log")[0]
     assert r.trained_losses == pytest.approx(dense.trained_losses, rel=verdict.LOSS_RTOL)
 
@@ -163,16 +164,16 @@ def test_fp16_with_no_step_applied_leaves_b_and_c_not_observable(run_sh, tmp_pat
 
 def test_the_step_line_says_a_step_was_skipped_with_its_loss_scale():
     r = record(**facts(3))
-    r.steps = [{"step": 1, "loss": 11.098, "lr": 1e-5, "applied": False, "loss_scale": 32768.0, "time_s": 1.0,
-                "peak_mem_bytes": GIB}]
+    r.steps = [parts.Step(step=1, loss=11.098, lr=1e-5, applied=False, loss_scale=32768.0, time_s=1.0,
+                          peak_mem_bytes=GIB)]
     assert "loss scale 32768  SKIPPED: overflow" in result.step_line(r, r.steps[0])
-    r.steps.append({**r.steps[0], "step": 2, "applied": True})
+    r.steps.append(dataclasses.replace(r.steps[0], step=2, applied=True))
     assert result.step_line(r, r.steps[1]).endswith("loss scale 32768  applied 1 of 3")
 
 
 def test_the_progress_line_counts_applied_and_skipped_steps():
     r = record(**facts(3))
-    r.steps = [{"step": i, "loss": 1.0, "applied": i > 2} for i in (1, 2, 3)]
+    r.steps = [parts.Step(step=i, loss=1.0, applied=i > 2) for i in (1, 2, 3)]
     assert verdict.progress_lines({"stage3": [r]}) == ["stage3 1 of 3 steps (2 more skipped)"]
 
 
@@ -186,7 +187,7 @@ def zero_config(stage):
 
 def gpu_rank(stage, world, peak, **settings):
     r = record(**{**facts(stage, world), **settings}, peak_mem_bytes=peak, zero_config=zero_config(stage))
-    r.steps = [{"step": 1, "loss": 1.0, "applied": True}]
+    r.steps = [parts.Step(step=1, loss=1.0, applied=True)]
     r.model_state_breakdown = {"params": 1, "grads": 1, "master": 1, "moments": 1, "other": 0}
     r.predicted_model_state_bytes = 4
     return r

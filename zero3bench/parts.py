@@ -1,7 +1,8 @@
 """
 The measured parts of a rank's result that its RESULT line carries as records of their own, typed: where it ran
-(Environment). A log of an older version lacks some of their keys, and a CPU run records no driver; a part
-writes back the keys it was made with, in their order, so that its record reads back as it was written.
+(Environment) and each training step (Step). A log of an older version lacks some of their keys, and a CPU run
+records no driver and a smaller memory snapshot; a part writes back the keys it was made with, in their order, so
+that its record reads back as it was written.
 """
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
@@ -9,7 +10,8 @@ from typing import Any, Self
 
 @dataclass(frozen=True)
 class Part:
-    recorded: tuple[str, ...] = field(default=(), repr=False, compare=False, kw_only=True)  # its record's keys
+    # its record's keys, where it was read from one; one made here by its fields writes them all
+    recorded: tuple[str, ...] | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Self:
@@ -18,7 +20,8 @@ class Part:
         return cls(**{key: d[key] for key in known}, recorded=tuple(known))
 
     def as_dict(self) -> dict[str, Any]:
-        return {key: getattr(self, key) for key in self.recorded}
+        keys = [f.name for f in fields(self) if f.name != "recorded"] if self.recorded is None else self.recorded
+        return {key: getattr(self, key) for key in keys}
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,27 @@ class Environment(Part):
     driver: str | None = None  # NVIDIA's, on a GPU; None where nvidia-smi did not say
 
 
+@dataclass(frozen=True)
+class Step(Part):
+    """One training step (train_gpt.train): its loss before the update, and what it cost. Every log records its
+    step, loss, time_s and peak_mem_bytes; a step made by hand may leave out what its reader does not ask."""
+    step: int | None = None
+    loss: float | None = None
+    lr: float | None = None  # absent in the oldest logs
+    applied: bool = True  # False where fp16's loss scaler found an overflow and skipped the update; absent: True
+    loss_scale: float | None = None  # fp16's, after the step
+    time_s: float | None = None
+    # the memory snapshot after it (accounting.measure.memory_snapshot): on a CPU, its peak resident set alone
+    peak_mem_bytes: int | None = None
+    allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    host_peak_rss_bytes: int | None = None
+    device_total_bytes: int | None = None
+    comm: dict[str, dict[str, int]] | None = None  # its collectives as accounting.comms counted them
+    comm_s: dict[str, float | None] | None = None  # the NCCL kernels' seconds by kind, in the profiled step
+
+
 def of(d: dict[str, Any]) -> dict[str, Any]:
     """The typed parts of a RESULT line's record, by its keys, where it holds them."""
-    return {"env": Environment.from_dict(d["env"]) if d.get("env") else None}
+    return {"env": Environment.from_dict(d["env"]) if d.get("env") else None,
+            "steps": [Step.from_dict(s) for s in d.get("steps") or []]}

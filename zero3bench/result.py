@@ -22,11 +22,6 @@ BUSBW_MIN_BYTES = 1 << 20
 RUN_KEYS = {f.name for f in fields(options.Run)}
 
 
-def last_step(r: "RankResult", key: str) -> Any:
-    """A figure of the last step, or None: a rank that failed before its first step has none."""
-    return r.steps[-1].get(key) if r.steps else None
-
-
 def model_states_of(breakdown: dict[str, int]) -> int:
     """The model states of a census: every kind but the other tensors."""
     return sum(v for k, v in breakdown.items() if k != "other")
@@ -98,9 +93,7 @@ class RankResult:
     peak_reserved_bytes: int = None
     device_total_bytes: int = None
     host_peak_rss_bytes: int = None
-    # training, per step: step, loss, lr, applied (False where fp16's loss scaler found an overflow and skipped
-    # the update; absent, True, in older logs), loss_scale (fp16's, after the step), time_s, the memory snapshot, comm
-    steps: list = field(default_factory=list)
+    steps: list[parts.Step] = field(default_factory=list)  # training, per step
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
     # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
@@ -135,15 +128,15 @@ class RankResult:
 
     @property
     def losses(self) -> list[float] | None:
-        return [s["loss"] for s in self.steps] or None
+        return [s.loss for s in self.steps] or None
 
     @property  # the loss before each applied update: a skipped step only repeats it
     def trained_losses(self) -> list[float] | None:
-        return [s["loss"] for s in self.steps if s.get("applied", True)] or None
+        return [s.loss for s in self.steps if s.applied] or None
 
     @property
     def applied_steps(self) -> int:
-        return sum(s.get("applied", True) for s in self.steps)
+        return sum(s.applied for s in self.steps)
 
     @property
     def skipped_steps(self) -> int:  # as DeepSpeed's engine.skipped_steps counts them
@@ -151,11 +144,11 @@ class RankResult:
 
     @property
     def first_loss(self) -> float | None:
-        return self.steps[0]["loss"] if self.steps else None
+        return self.steps[0].loss if self.steps else None
 
     @property
     def nonfinite_loss(self) -> bool:
-        return not all(math.isfinite(s["loss"]) for s in self.steps)
+        return not all(math.isfinite(s.loss) for s in self.steps)
 
     @property
     def timed_from(self) -> int:
@@ -166,16 +159,16 @@ class RankResult:
     def step_time_s(self) -> float | None:
         """The median over steps timed_from..N, but for a step run under the profiler; a run of one step is timed
         on that step. None for a DeepCompile run that stopped before it was timed: its steps are compiles."""
-        unprofiled = [s for s in self.steps if not s.get("comm_s")]
-        timed = [s["time_s"] for s in unprofiled if s["step"] >= self.timed_from]
+        unprofiled = [s for s in self.steps if not s.comm_s]
+        timed = [s.time_s for s in unprofiled if s.step >= self.timed_from]
         if not timed and self.timed_from == 2:
-            timed = [s["time_s"] for s in unprofiled]
+            timed = [s.time_s for s in unprofiled]
         return statistics.median(timed) if timed else None
 
     def counted_comm(self) -> dict[str, dict[str, int]] | None:
         """The last step's collectives as accounting.comms counted them; None with DeepCompile, whose own op
-        calls NCCL from C++, where the count does not reach."""
-        return None if self.run.deepcompile else last_step(self, "comm")
+        calls NCCL from C++, where the count does not reach; None too where the rank failed before its first step."""
+        return None if self.run.deepcompile or not self.steps else self.steps[-1].comm
 
     @property
     def comm_bytes(self) -> dict[str, int] | None:
@@ -198,7 +191,7 @@ class RankResult:
     def busbw(self) -> dict[str, float | None] | None:
         """nccl-tests' bus bandwidth per kind of collective, in bytes per second, from the profiled step's
         NCCL kernels; None where nothing was timed."""
-        seconds = last_step(self, "comm_s")
+        seconds = self.steps[-1].comm_s if self.steps else None
         if not seconds or not self.comm_bytes:
             return None
         return {kind: traffic.bus_bandwidth(kind, self.comm_bytes[kind], t, self.world_size)
@@ -246,7 +239,7 @@ def line_value(r: RankResult, key: str) -> Any:
 
 def as_dict(r: RankResult) -> dict[str, Any]:
     """The result as its RESULT line carries it, flat: its run's fields, its own and its figures."""
-    own = {**asdict(r), "env": r.env.as_dict() if r.env else None}
+    own = {**asdict(r), "env": r.env.as_dict() if r.env else None, "steps": [s.as_dict() for s in r.steps]}
     return {**own.pop("run"), **own, **{name: getattr(r, name) for name in FIGURES}}
 
 
@@ -294,7 +287,7 @@ def finish(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zero: dict[s
     """Complete a rank's result once it has run: its peaks, and where it counted its model states, the
     predictions and shares they are judged against. zero is the config's zero_optimization section;
     memory_now the memory snapshot at the end."""
-    snapshots = [memory_now, *([r.memory_at_start] if r.memory_at_start else []), *r.steps]
+    snapshots = [memory_now, *([r.memory_at_start] if r.memory_at_start else []), *(s.as_dict() for s in r.steps)]
     for key in PEAK_KEYS:
         seen = [s[key] for s in snapshots if s.get(key) is not None]
         setattr(r, key, max(seen) if seen else None)
@@ -318,14 +311,14 @@ def result_line(r: RankResult) -> str:
     return "RESULT " + json.dumps(as_dict(r))
 
 
-def step_line(r: RankResult, s: dict[str, Any]) -> str:
+def step_line(r: RankResult, s: parts.Step) -> str:
     """One step as the terminal shows it as it runs; once one is skipped, how many of --steps were applied."""
-    tflops = r.tflops_at(s["time_s"])
-    skipped = ("  SKIPPED: overflow, weights not updated" if not s.get("applied", True) else
+    tflops = r.tflops_at(s.time_s)
+    skipped = ("  SKIPPED: overflow, weights not updated" if not s.applied else
                f"  applied {r.applied_steps} of {r.run.steps_planned}" if r.skipped_steps else "")
-    scale = f"  loss scale {s['loss_scale']:g}{skipped}" if s.get("loss_scale") is not None else skipped
-    return (f"step {s['step']}/{r.run.steps_planned}  loss {s['loss']:.4f}  lr {s['lr']:.2e}  time {s['time_s']:.3f}s  "
-            f"mem {gib(s['peak_mem_bytes']):.2f} GiB  tok/s {r.tokens_per_step() / s['time_s']:,.0f}  "
+    scale = f"  loss scale {s.loss_scale:g}{skipped}" if s.loss_scale is not None else skipped
+    return (f"step {s.step}/{r.run.steps_planned}  loss {s.loss:.4f}  lr {s.lr:.2e}  time {s.time_s:.3f}s  "
+            f"mem {gib(s.peak_mem_bytes):.2f} GiB  tok/s {r.tokens_per_step() / s.time_s:,.0f}  "
             f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}{scale}")
 
 

@@ -103,7 +103,7 @@ def read_checked(folder: Path) -> dict[str, list[RankResult]]:
 def steady_times(r: RankResult) -> list[float]:
     """A rank's steady steps' seconds: from STEADY_FROM (or after DeepCompile's last compile), not profiled."""
     first = max(STEADY_FROM, r.timed_from)
-    return [s["time_s"] for s in r.steps if s["step"] >= first and not s.get("comm_s")]
+    return [s.time_s for s in r.steps if s.step >= first and not s.comm_s]
 
 
 def steady_mfu(results: list[RankResult]) -> tuple[float, int] | None:

@@ -206,8 +206,7 @@ def compile_lines(runs: Runs) -> list[str]:
         if failed(rs) or not rs[0].run.deepcompile:  # a failed run's status is in the table
             continue
         timed_from = rs[0].timed_from
-        took = " and ".join(f"{s['time_s']:.0f} s at step {s['step']}" for s in rs[0].steps
-                            if s["step"] in (1, timed_from - 1))
+        took = " and ".join(f"{s.time_s:.0f} s at step {s.step}" for s in rs[0].steps if s.step in (1, timed_from - 1))
         lines.append(f"{name}: DeepCompile compiled, taking {took}; its speed is timed from step {timed_from} on; "
                      "its collectives run inside its compiled graph, where the communication count does not see them")
     return lines
