@@ -59,7 +59,7 @@ BATCHES = {
         "s12_r4_nock": (44, 220, '--ranks 4 --stages "1 2" --no-checkpoint'),
         "s12_r2_nock": (34, 160, '--ranks 2 --stages "1 2" --no-checkpoint'),
     },
-    "steady_mb": {  # the same at micro batches that keep the GPU busy (0.34 s a step at 16), in two orders
+    "steady_mb": {  # the same at micro batches that keep the GPU busy (0.40 s a step at 16, 30-steady), in two orders
         "steady10_mb16": (60, 45, "--ranks 1 --stages 0 --steps 10 --micro-batch 16 alone"),
         "steady30_mb16": (60, 55, "--ranks 1 --stages 0 --steps 30 --micro-batch 16 alone"),
         "steady30_mb16b": (60, 55, "--ranks 1 --stages 0 --steps 30 --micro-batch 16 alone"),
