@@ -100,7 +100,7 @@ def output_layer_bytes(shape: "GPTConfig", width: int, tokens: int, loss_chunk: 
     loss, recomputed chunk by chunk), the other chunks' gradients, which the split's backward joins only once all
     are made, and the last chunk's fp32 log-softmax, its gradient and its input's (12 bytes a logit). Measured
     on an H200 within 1.6% at 350m and 1.3b, micro batch 1 to 16, bf16 and fp32
-    (benchmarks/logs/h200/30-steady/1-probe)."""
+    (benchmarks/logs/h200/31-suite/probe, which tests/test_accounting.py reads)."""
     chunk = min(loss_chunk, tokens)
     return 2 * width * tokens * shape.d_model + (2 * width * tokens + (12 - width) * chunk) * shape.padded_vocab
 
