@@ -59,6 +59,14 @@ BATCHES = {
         "s12_r4_nock": (44, 220, '--ranks 4 --stages "1 2" --no-checkpoint'),
         "s12_r2_nock": (34, 160, '--ranks 2 --stages "1 2" --no-checkpoint'),
     },
+    "s12_held_out": {  # stages 1 and 2 where predict.whole_tensor_grad_elems was not checked: fp32, fp16, 350m on 3
+        # and 8 ranks, 2.7b; predicted peaks per rank: 5.54 GiB, 14.75, 3.02, 2.06, 18.66 (stage 1, the larger)
+        "s12_fp32_350m_r2": (14, 120, '--ranks 2 --stages "1 2" --dtype fp32 --model 350m'),
+        "s12_350m_r3": (12, 120, '--ranks 3 --stages "1 2" --model 350m'),
+        "s12_350m_r8_mb1": (24, 200, '--ranks 8 --stages "1 2" --model 350m --micro-batch 1'),
+        "s12_2.7b_r4": (80, 200, '--ranks 4 --stages "1 2" --model 2.7b'),
+        "s12_fp16_r2": (34, 160, '--ranks 2 --stages "1 2" --dtype fp16'),
+    },
     "steady_mb": {  # the same at micro batches that keep the GPU busy (0.40 s a step at 16, 30-steady), in two orders
         "steady10_mb16": (60, 45, "--ranks 1 --stages 0 --steps 10 --micro-batch 16 alone"),
         "steady30_mb16": (60, 55, "--ranks 1 --stages 0 --steps 30 --micro-batch 16 alone"),

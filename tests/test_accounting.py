@@ -50,10 +50,11 @@ def test_the_prediction_imports_neither_torch_nor_deepspeed():
                 if line.startswith(("import ", "from "))]
     assert imports("accounting/predict.py") == [  # and GPTConfig for its hints, under TYPE_CHECKING alone
         "import math", "from collections.abc import Mapping", "from typing import TYPE_CHECKING, Any",
-        "from zero3bench.accounting.moments import (prefetch_bytes, regathered_bytes, scatter_bytes, sub_group_elems,",
+        "from zero3bench.accounting.moments import (kept_grad_elems, prefetch_bytes, regathered_bytes, scatter_bytes,",
         "from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer"]
     assert imports("accounting/moments.py") == [
-        "import math", "from typing import TYPE_CHECKING, Any",
+        "import itertools", "import math", "from collections.abc import Mapping, Sequence",
+        "from typing import TYPE_CHECKING, Any",
         "from zero3bench.stages import shards_params, splits_one_buffer"]
     assert imports("stages.py") == ["from pathlib import Path"]
 
@@ -270,10 +271,45 @@ def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu(
 
 
 def test_differences_name_the_kind_and_its_cause():
+    r = rank(3, mem_kind="cpu_rss", deepspeed_estimate=None)
+    r.predicted_breakdown = states(3)
+    [line] = explain.differences(r, held(3, 0.5, 0.25, 0.25))
+    assert line.startswith("model states: params +") and "still gathered after backward" in line
+
+
+def test_a_difference_without_a_known_cause_says_so():
     r = rank(1, mem_kind="cpu_rss", deepspeed_estimate=None)
-    r.predicted_breakdown = predict.model_states(1, "bf16", PSI, PSI / G)
+    r.predicted_breakdown = states(1)
     [line] = explain.differences(r, held(1, 1.0, 0.3, 0.25))
-    assert line.startswith("model states: grads -") and "stage 1 also reduces the gradients" in line
+    assert line.startswith("model states: grads -") and line.endswith("no known cause")
+
+
+@pytest.mark.parametrize("preset", sorted(shapes.PRESETS))
+def test_the_shapes_tensor_groups_are_the_models_decay_groups_in_order(preset):
+    with torch.device("meta"):
+        model = t.GPT(t.PRESETS[preset])
+    groups = [[p.numel() for p in group["params"]] for group in t.decay_groups(model)]
+    assert groups == list(t.PRESETS[preset].decay_groups)
+
+
+# The gradient elements DeepSpeed 0.19.8's stages 1 and 2 held on each rank after backward (the census, /2 bytes):
+# 1.3b on 2 rehearsed ranks (h200x2/stages0123-2gpus), 4 (28-suite-matrix/4-trace) and 8 (28-suite-matrix/3-steady-r8)
+MEASURED_GRAD_ELEMS = {2: [659089408, 671410176], 4: [340162560, 335706112, 352483328, 335706112],
+                       8: [168116224, 184631296, 184631296, 167854080, 180436992, 184631296, 184631296, 167854080]}
+
+
+@pytest.mark.parametrize("world", sorted(MEASURED_GRAD_ELEMS))
+def test_stages_1_and_2_keep_whole_the_gradients_of_the_tensors_in_a_ranks_partition(world):
+    groups = t.PRESETS["1.3b"].decay_groups
+    kept = [moments.whole_tensor_grad_elems(groups, world, rank) for rank in range(world)]
+    assert kept == MEASURED_GRAD_ELEMS[world]
+    assert all(t.PRESETS["1.3b"].params / world < k for k in kept)
+
+
+def test_the_groups_padding_to_an_even_partition_falls_in_the_last_one():
+    assert moments.whole_tensor_grad_elems([[3, 4]], 1, 0) == 7 + 1
+    assert moments.whole_tensor_grad_elems([[3, 4]], 2, 0) == 3 + 4  # partitions of 4 elements: [0, 4) holds both
+    assert moments.whole_tensor_grad_elems([[3, 4]], 2, 1) == 4 + 1
 
 
 def test_differences_explain_a_gpu_peak_far_from_its_estimate():
@@ -443,6 +479,44 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
+
+
+STATE_TOLERANCE = 0.01
+OLDEST_DEEPSPEED = next(line.split("==")[1] for line in (stages.ROOT / "requirements-oldest.txt").read_text().split()
+                        if line.startswith("deepspeed=="))
+# Model states that DeepSpeed below the tested range (requirements-oldest.txt) holds apart from the prediction, by
+# version and run, with the miss (h200/25-oldest): up to 0.19.2, stage 3 keeps the tied embedding gathered after
+# backward (DeepSpeed issue #5524); up to 0.17.5, stage 0's bf16 optimizer holds half its fp32 weights and moments on
+# each of 2 ranks, as stage 1 would.
+OLD_STATE_MISSES = {**{(v, "tiny stage0 G2 mb2 ck1"): 0.6 for v in ("0.14.4", "0.15.4", "0.16.9", "0.17.5")},
+                    **{(v, "tiny stage3 G2 mb2 ck1"): -0.034
+                       for v in ("0.14.4", "0.15.4", "0.16.9", "0.17.5", "0.18.4", "0.18.9", "0.19.2")},
+                    ("0.19.2", "1.3b stage3 G4 mb2 ck1"): -0.038}
+
+
+def version(text):
+    return tuple(int(part) for part in text.split(".")[:3])
+
+
+def test_the_predicted_model_states_are_within_1_percent_of_every_committed_run_in_the_tested_range():
+    """Every rank that counted its model states and records its config, on CPUs and GPUs, on the device and in host
+    memory: the stages' partitions, DeepSpeed's stages 1 and 2 keeping the gradients of the tensors in a rank's
+    partition (whole_tensor_grad_elems), stage 3's persistent parameters, fp32's master copy, offload, FSDP2."""
+    misses, old, hosts = {}, {}, 0
+    for summary, r in records(LOGS):
+        if not (r.model_state_breakdown and r.steps and not r.oom and (r.zero_config or r.run.engine == "fsdp2")):
+            continue
+        result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config or {})
+        miss = r.predicted_model_state_bytes / r.model_state_bytes - 1
+        if version(r.env.deepspeed) < version(OLDEST_DEEPSPEED):
+            old.update({(r.env.deepspeed, f"{r.run.model} {run_name(r)}"): round(miss, 3)} if abs(miss) > 0.01 else {})
+            continue
+        if r.host_state_breakdown and r.mem_kind == "cuda":
+            hosts += 1
+            miss = max(miss, r.predicted_host_state_bytes / r.host_state_bytes - 1, key=abs)
+        if abs(miss) > STATE_TOLERANCE:
+            misses[f"{summary.relative_to(LOGS)} rank {r.rank} {r.run.model} {run_name(r)}"] = round(miss, 4)
+    assert misses == {} and old == OLD_STATE_MISSES and hosts >= 10
 
 
 def test_the_8_rank_stage_0_rehearsal_that_ran_out_of_memory_was_predicted_not_to_fit():

@@ -262,7 +262,8 @@ def add_predictions(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zer
                             persistent=r.persistent_elems, largest=r.largest_param_elems, micro_batch=run.micro_batch,
                             seq=run.seq, checkpoint=run.checkpoint, loss_chunk=loss_chunk, offload=run.offload,
                             flash=predict.uses_flash(r.mem_kind == "cuda", run.dtype), rehearsed=bool(r.rehearsal),
-                            on_gpu=r.mem_kind == "cuda", deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM)
+                            on_gpu=r.mem_kind == "cuda", deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM,
+                            rank=r.rank)
     r.predicted_breakdown = m["breakdown"]
     r.predicted_model_state_bytes, r.predicted_host_state_bytes = m["states"], m["host_states"]
     r.deepspeed_estimate = predict.deepspeed_estimate(run.stage, r.params_total, r.largest_param_elems,
@@ -273,10 +274,14 @@ def add_predictions(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zer
 
 
 def add_shares(r: RankResult) -> None:
-    """What this rank holds of each kind of model state against what its stage promises."""
-    whole = predict.model_states(r.run.stage, r.run.dtype, r.params_total, r.params_total, engine=r.run.engine)
+    """What this rank holds of each kind of model state against what its stage promises: the paper's shares, where
+    the prediction also holds what DeepSpeed keeps beyond them."""
+    run = r.run
+    whole = predict.model_states(run.stage, run.dtype, r.params_total, r.params_total, engine=run.engine)
+    shard = predict.shard_elems(run.stage, r.params_total, r.local_param_elems, r.world_size)
+    paper = predict.model_states(run.stage, run.dtype, r.params_total, shard, r.persistent_elems, run.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
-    r.promised_fraction = predict.shares(r.predicted_breakdown, whole)
+    r.promised_fraction = predict.shares(paper, whole)
     straddling = 2 * r.largest_param_elems / r.params_total
     r.partition_check_ok = predict.holds_as_promised(r.held_fraction, r.promised_fraction, r.run.stage, straddling,
                                                      PARTITION_TOLERANCE)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from zero3bench.accounting.moments import zero_setting
 from zero3bench.formatting import size
-from zero3bench.stages import PARTITIONS, shards_params, splits_one_buffer
+from zero3bench.stages import shards_params
 
 if TYPE_CHECKING:  # result imports this module
     from zero3bench.result import RankResult
@@ -17,10 +17,6 @@ EXPLAIN_BEYOND = 0.10
 # why a kind of model state can differ from the paper: (kind, sign of the difference, the stages it applies to,
 # as a test of what the stage partitions) -> cause
 CAUSES = {
-    ("grads", 1, splits_one_buffer): "DeepSpeed keeps whole the gradients of tensors that straddle this rank's "
-                                     "partition",
-    ("grads", -1, lambda stage: PARTITIONS[stage] == {"optimizer"}): "DeepSpeed's stage 1 also reduces the gradients "
-                                                                      "into this rank's partition during backward",
     ("params", 1, shards_params): "partitioned parameters still gathered after backward (gathered layers)",
 }
 

@@ -1,9 +1,12 @@
 """
-DeepSpeed's settings as it reads them, and the moments that its own code adds above what a rank holds: stage 3's
-reduction of a full bucket, the prefetch that runs ahead of backward, and the rehearsal's re-gather after the step
-of stages 1 and 2. Pure arithmetic, as predict.py, whose peak takes the most of them.
+DeepSpeed's settings as it reads them, and what its own code holds beyond the paper: the gradients that stages 1 and
+2 keep whole, and the moments above what a rank holds (stage 3's reduction of a full bucket, the prefetch that runs
+ahead of backward, and the rehearsal's re-gather after the step of stages 1 and 2). Pure arithmetic, as predict.py,
+whose peak takes the most of the moments.
 """
+import itertools
 import math
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zero3bench.stages import shards_params, splits_one_buffer
@@ -113,3 +116,34 @@ def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
     """The most elements of one stage-3 sub-group: a sub-group closes at the parameter that reaches
     sub_group_size, so it may exceed it by one partition."""
     return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
+
+
+# DeepSpeed's stages 1 and 2 pad each flat group to a multiple of this many elements per rank (stage_1_and_2.py:
+# nccl_start_alignment_factor, 4-byte alignment of 16-bit elements).
+ALIGNMENT = 2
+
+
+def whole_tensor_grad_elems(groups: Sequence[Sequence[int]], world: int, rank: int) -> int:
+    """The gradient elements that DeepSpeed's stages 1 and 2 hold on a rank after backward. Both reduce the gradients
+    during backward and keep, whole, those of the tensors that overlap this rank's 1/G of each flat group
+    (stage_1_and_2.py, independent_gradient_partition_epilogue: get_flat_partition's list of them); stage 1 keeps
+    no more, where the paper keeps every gradient. groups: each param group's tensor elements, in order."""
+    held = 0
+    for group in groups:
+        total = sum(group)
+        part = math.ceil(total / (ALIGNMENT * world)) * ALIGNMENT
+        start, end = rank * part, (rank + 1) * part
+        edges = itertools.accumulate(group, initial=0)
+        held += sum(n for n, first in zip(group, edges) if first < end and first + n > start)
+        held += max(0, end - max(total, start))  # the group's padding, in the last partitions
+    return held
+
+
+def kept_grad_elems(stage: int, engine: str, world: int, params: int, shape: "GPTConfig | None", rank: int | None,
+                    offload: Mapping[str, str | bool | None]) -> int | None:
+    """The gradient elements that DeepSpeed's stages 1 and 2 keep on a rank after backward
+    (whole_tensor_grad_elems), where they can be known: the rank, and a shape whose tensors are the model's params;
+    None where the paper's hold."""
+    keeps = engine == "deepspeed" and splits_one_buffer(stage) and not offload["optimizer"]
+    known = shape is not None and rank is not None and sum(map(sum, shape.decay_groups)) == params
+    return whole_tensor_grad_elems(shape.decay_groups, world, rank) if keeps and known else None

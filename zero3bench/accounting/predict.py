@@ -5,8 +5,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from zero3bench.accounting.moments import (prefetch_bytes, regathered_bytes, scatter_bytes, sub_group_elems,
-                                           zero_setting)
+from zero3bench.accounting.moments import (kept_grad_elems, prefetch_bytes, regathered_bytes, scatter_bytes,
+                                           sub_group_elems, zero_setting)
 from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
 if TYPE_CHECKING:  # shapes imports this module
     from zero3bench.accounting.shapes import GPTConfig
@@ -24,14 +24,15 @@ def partitioned(stage: int, kind: str) -> bool:
 
 
 def model_states(stage: int, dtype: str, full: int, shard: float, persistent: int = 0,
-                 engine: str = "deepspeed") -> dict[str, float]:
+                 engine: str = "deepspeed", grads: float | None = None) -> dict[str, float]:
     """The paper's model states of one rank by kind, for mixed-precision Adam: 16-bit weights and gradients (2 + 2 bytes
     per parameter) and K = 12 for fp32 master weights, momentum and variance, each whole or partitioned as PARTITIONS
     says. full: the model's parameters; shard: this rank's partition; persistent: elements that stage 3 keeps whole
     besides. In fp32, stage 0 steps the weights themselves, but ZeRO's optimizers keep an fp32 copy anyway (at stage 3,
     stage3.py compares a tensor's device with a string, so it never reuses the weights): 4 more bytes per partition
     element. FSDP2 (engine "fsdp2") keeps the fp32 weights themselves and fp32 gradients, sharded, and makes the 16-bit
-    weights only for compute: the same 16 bytes per element, as 4 + 4 + 0 + 8."""
+    weights only for compute: the same 16 bytes per element, as 4 + 4 + 0 + 8. grads: the gradient elements held
+    where they are not what the paper says (DeepSpeed's stages 1 and 2: moments.whole_tensor_grad_elems)."""
     width = WIDTH[dtype]
     per_element = {"params": width, "grads": width, "moments": ADAM_BYTES,
                    "master": MASTER_BYTES if width < 4 or not shards_nothing(stage) else 0}
@@ -39,6 +40,7 @@ def model_states(stage: int, dtype: str, full: int, shard: float, persistent: in
         per_element.update(params=MASTER_BYTES, grads=MASTER_BYTES, master=0)
     held = {kind: shard if partitioned(stage, kind) else full for kind in KINDS}
     held["params"] += persistent if shards_params(stage) else 0
+    held["grads"] = held["grads"] if grads is None else grads
     return {kind: per_element[kind] * held[kind] for kind in KINDS}
 
 
@@ -289,28 +291,36 @@ def reserved_bytes(memory: dict[str, Any]) -> float:
 NO_OFFLOAD = {"optimizer": None, "param": None}
 
 
+def shape_elems(shape: "GPTConfig | None", block: float | None, root: int | None,
+                largest: int | None) -> tuple[float, int, int, int]:
+    """One block's elements, those outside the blocks, the largest tensor's (the sub-group's overrun) and the
+    embedding's: as given, else the shape's (the embedding the largest), else none."""
+    embedding = shape.padded_vocab * shape.d_model if shape else 0
+    return ((shape.block_params if shape else 0) if block is None else block,
+            (shape.root_params if shape else 0) if root is None else root,
+            embedding if largest is None else largest, embedding)
+
+
 def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, zero: dict[str, Any],
                 shape: "GPTConfig | None" = None, *, shard: float | None = None, persistent: int = 0,
                 largest: int | None = None, block: float | None = None, root: int | None = None, micro_batch: int = 0,
                 seq: int = 0, checkpoint: bool = False, flash: bool = True, loss_chunk: int = 1,
                 offload: Mapping[str, str | bool | None] = NO_OFFLOAD, on_gpu: bool = True,
-                deepspeed_adam: bool = False, rehearsed: bool = False) -> dict[str, Any]:
+                deepspeed_adam: bool = False, rehearsed: bool = False, rank: int | None = None) -> dict[str, Any]:
     """One rank's memory in bytes, by term, and its predicted peak: the one formula that the RESULT records, the
     plan and the rehearsal's sizing use. params: the model's; shard: this rank's partition (counted, with
-    padding; ceil(params / world) by default); persistent: elements stage 3 keeps whole besides; largest: the
-    largest tensor's (the sub-group's overrun; the embedding by default); block and root: one block's elements
-    and those outside the blocks (the shape's by default). Without a shape, no activations. on_gpu: False where
-    host and device are one memory (CPU runs), which have no workspace."""
-    width, embedding = WIDTH[dtype], shape.padded_vocab * shape.d_model if shape else 0
-    block = (shape.block_params if shape else 0) if block is None else block
-    root = (shape.root_params if shape else 0) if root is None else root
-    largest = embedding if largest is None else largest
+    padding; ceil(params / world) by default); persistent: elements stage 3 keeps whole besides; largest, block
+    and root: shape_elems. Without a shape, no activations. on_gpu: False where host and device are one memory (CPU
+    runs), which have no workspace. rank: with a shape, the gradients DeepSpeed's stages 1 and 2 keep on it."""
+    width, (block, root, largest, embedding) = WIDTH[dtype], shape_elems(shape, block, root, largest)
     shard = shard_elems(stage, params, math.ceil(params / world), world) if shard is None else shard
-    states = model_states(stage, dtype, params, shard, persistent, engine)
+    paper = model_states(stage, dtype, params, shard, persistent, engine)  # backward makes all of stage 1's grads
+    states = model_states(stage, dtype, params, shard, persistent, engine,
+                          kept_grad_elems(stage, engine, world, params, shape, rank, offload))
     on_host = host_kinds(offload) if on_gpu else []
-    kept = width * persistent if "params" in on_host else 0  # persistent parameters stay on the GPU
-    device = sum(v for k, v in states.items() if k not in on_host) + kept
-    freed = states["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
+    device = sum(v for k, v in states.items() if k not in on_host) + (width * persistent if "params" in on_host else 0)
+    frees = frees_grads(stage, engine) and "grads" not in on_host
+    freed = paper["grads"] if frees else 0
     activations = activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0
     last_block = block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0
     m: dict[str, Any] = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
@@ -326,7 +336,7 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
                                       last_block, activations) if shape else 0,
          "regathered": regathered_bytes(stage, engine, width, params, world, rehearsed),
          **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam)}
-    m["held"] = m["states"] - freed + m["buffers"] + m["workspace"]
+    m["held"] = m["states"] - (states["grads"] if frees else 0) + m["buffers"] + m["workspace"]
     m["peak"] = peak_bytes(m)
     return m
 

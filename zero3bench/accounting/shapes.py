@@ -38,6 +38,16 @@ class GPTConfig:
     def params(self) -> int:
         return self.root_params + self.layers * self.block_params
 
+    @property
+    def decay_groups(self) -> tuple[list[int], list[int]]:
+        """Each tensor's elements, in model.py's order, in train_gpt.decay_groups' two groups: the matrices (the
+        token embedding, tied to the output layer, the positions, and each block's qkv, projection and MLP
+        weights), then the vectors (each block's LayerNorms and biases, and the final LayerNorm)."""
+        d = self.d_model
+        matrices = [self.padded_vocab * d, self.context * d] + self.layers * [3 * d * d, d * d, 4 * d * d, 4 * d * d]
+        vectors = self.layers * [d, d, 3 * d, d, d, d, 4 * d, d] + [d, d]
+        return matrices, vectors
+
 
 # The GPT-3 paper's shapes, plus two byte-level models for CPUs: tiny, and small, sized for the memory-cap
 # demo. 1.3b's rate was measured on H200s (BENCHMARKS.md, section 9): Adam's first step moves every weight by

@@ -74,9 +74,9 @@ COMPARISON = [
     Row("param_tensors", "param tensors", lambda rs: most(r.param_tensors for r in rs), "d"),
     Row("local_params", "local params", lambda rs: most(r.local_param_elems for r in rs), ",", SMALLER),
     Row("model_states", "model states", lambda rs: most(r.model_state_bytes for r in rs), "bytes", SMALLER),
-    Row("model_states_paper", "  ZeRO paper", lambda rs: most(r.predicted_model_state_bytes for r in rs), "bytes",
+    Row("model_states_predicted", "  predicted", lambda rs: most(r.predicted_model_state_bytes for r in rs), "bytes",
         SMALLER),
-    Row("model_states_paper_error", "  error", lambda rs: states_error(
+    Row("model_states_predicted_error", "  error", lambda rs: states_error(
         rs, lambda r: r.model_state_bytes, lambda rs: most(r.predicted_model_state_bytes for r in rs)), "+.1%"),
     Row("model_states_estimator", "  DeepSpeed estimator", estimator, "bytes", SMALLER),
     Row("model_states_estimator_error", "  error",
