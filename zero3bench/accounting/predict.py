@@ -5,8 +5,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from zero3bench.accounting.moments import (kept_grad_elems, prefetch_bytes, regathered_bytes, scatter_bytes,
-                                           sub_group_elems, zero_setting)
+from zero3bench.accounting.moments import (grad_layout, kept_grad_elems, prefetch_bytes, regathered_bytes,
+                                           scatter_bytes, stage1_reduction_elems, sub_group_elems, zero_setting)
 from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
 if TYPE_CHECKING:  # shapes imports this module
     from zero3bench.accounting.shapes import GPTConfig
@@ -319,8 +319,7 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
                           kept_grad_elems(stage, engine, world, params, shape, rank, offload))
     on_host = host_kinds(offload) if on_gpu else []
     device = sum(v for k, v in states.items() if k not in on_host) + (width * persistent if "params" in on_host else 0)
-    frees = frees_grads(stage, engine) and "grads" not in on_host
-    freed = paper["grads"] if frees else 0
+    freed = paper["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
     activations = activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0
     last_block = block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0
     m: dict[str, Any] = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
@@ -335,22 +334,28 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
          "prefetched": prefetch_bytes(stage, engine, width, world, zero, shape, params, checkpoint, micro_batch * seq,
                                       last_block, activations) if shape else 0,
          "regathered": regathered_bytes(stage, engine, width, params, world, rehearsed),
-         **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam)}
-    m["held"] = m["states"] - (states["grads"] if frees else 0) + m["buffers"] + m["workspace"]
+         **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam,
+                      rank)}
+    m["held"] = m["states"] - (states["grads"] if freed else 0) + m["buffers"] + m["workspace"]
     m["peak"] = peak_bytes(m)
     return m
 
 
 def step_terms(stage: int, engine: str, dtype: str, world: int, params: int, shard: float, largest: int,
                zero: dict[str, Any], shape: "GPTConfig | None", offload: Mapping[str, str | bool | None], freed: float,
-               deepspeed_adam: bool) -> dict[str, float]:
+               deepspeed_adam: bool, rank: int | None = None) -> dict[str, float]:
     """rank_memory's terms of the moments after forward: stage 2's buckets in backward, the reduction and the
-    gradients it reduces, the partition's gradients at the step and what the step makes."""
+    gradients it reduces (stage 1's own on a rank whose layout is known), the partition's gradients at the step and
+    what the step makes."""
     offloaded = bool(offload["optimizer"])
     sub_group = sub_group_elems(zero, largest, world) if shards_params(stage) else None
     transient = step_transient_bytes(stage, dtype, shard, offloaded, engine, sub_group, deepspeed_adam)
     largest_in_block = 3 * shape.d_model**2 if shape else 0  # qkv's weight
     reduction = 0 if offloaded else reduction_bytes(stage, engine, dtype, params, shard, zero, largest_in_block)
+    groups = grad_layout(stage, engine, params, shape, rank, offload)
+    if groups and rank is not None and not partitioned(stage, "grads"):
+        reduction = WIDTH[dtype] * stage1_reduction_elems(groups, world, rank, zero) + grad_bucket_bytes(
+            stage, engine, WIDTH[dtype], zero)
     partition = WIDTH[dtype] * shard if freed and splits_one_buffer(stage) else freed
     buckets = grad_bucket_bytes(stage, engine, WIDTH[dtype], zero) if partitioned(stage, "grads") else 0
     return {"reduction": reduction, "backward_buckets": buckets,
