@@ -67,6 +67,13 @@ BATCHES = {
         "s12_2.7b_r4": (80, 200, '--ranks 4 --stages "1 2" --model 2.7b'),
         "s12_fp16_r2": (34, 160, '--ranks 2 --stages "1 2" --dtype fp16'),
     },
+    "s1_held_out": {  # stage 1's reduction (moments.stage1_reduction_elems, 32-s12) on settings it was not read off,
+        # predicted per rank before they ran: 14.98 GiB on rank 0 and 14.48 on the others; 4.69; 1.755; 2.17
+        "s1_fp32_r4": (60, 240, '--ranks 4 --stages 1 --dtype fp32'),
+        "s1_760m_r6": (32, 200, '--ranks 6 --stages 1 --model 760m'),
+        "s1_fp32_125m_r5": (12, 150, '--ranks 5 --stages 1 --dtype fp32 --model 125m'),
+        "s1_350m_r8_mb1": (24, 150, '--ranks 8 --stages 1 --model 350m --micro-batch 1'),
+    },
     "steady_mb": {  # the same at micro batches that keep the GPU busy (0.40 s a step at 16, 30-steady), in two orders
         "steady10_mb16": (60, 45, "--ranks 1 --stages 0 --steps 10 --micro-batch 16 alone"),
         "steady30_mb16": (60, 55, "--ranks 1 --stages 0 --steps 30 --micro-batch 16 alone"),
