@@ -54,17 +54,19 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], options.Run, np.n
 
 def predicted_memory(run: options.Run, config: dict[str, Any], world: int) -> dict[str, Any]:
     """What theory says one rank of world will hold (predict.rank_memory, the formula that plan.py and each
-    RESULT's predicted_peak_bytes use), before anything is built: a config's Adam is DeepSpeed's own, and the
-    ranks on this host beyond its GPUs rehearse on them, as train_gpt.init_distributed places them."""
+    RESULT's predicted_peak_bytes use), before anything is built, at the rank whose peak is the most (at
+    DeepSpeed's stages 1 and 2 each rank keeps other gradients): a config's Adam is DeepSpeed's own, and the ranks
+    on this host beyond its GPUs rehearse on them, as train_gpt.init_distributed places them."""
     shape, section = PRESETS[run.model], config.get("optimizer", {})
     deepspeed_adam = (str(section.get("type", "")).lower() in ("adam", "adamw")
                       and not section.get("params", {}).get("torch_adam"))
     rehearsed = torch.cuda.is_available() and machine.local_ranks(world) > torch.cuda.device_count()
-    return predict.rank_memory(run.stage, run.engine, run.dtype, world, shape.params,
-                               config.get("zero_optimization", {}), shape, micro_batch=run.micro_batch, seq=run.seq,
-                               checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,
-                               flash=predict.uses_flash(torch.cuda.is_available(), run.dtype),
-                               on_gpu=torch.cuda.is_available(), deepspeed_adam=deepspeed_adam, rehearsed=rehearsed)
+    return max((predict.rank_memory(run.stage, run.engine, run.dtype, world, shape.params,
+                                    config.get("zero_optimization", {}), shape, micro_batch=run.micro_batch,
+                                    seq=run.seq, checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,
+                                    flash=predict.uses_flash(torch.cuda.is_available(), run.dtype),
+                                    on_gpu=torch.cuda.is_available(), deepspeed_adam=deepspeed_adam,
+                                    rehearsed=rehearsed, rank=rank) for rank in range(world)), key=lambda m: m["peak"])
 
 
 def prediction_line(run: options.Run, config: dict[str, Any], world: int) -> str:

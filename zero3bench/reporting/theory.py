@@ -35,7 +35,7 @@ def predicted_peak(r: RankResult) -> float | None:
                                loss_chunk=LOSS_CHUNK, offload=run.offload or predict.NO_OFFLOAD,
                                flash=predict.uses_flash(on_gpu, run.dtype),
                                on_gpu=on_gpu, deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM,
-                               rehearsed=bool(r.rehearsal))["peak"]
+                               rehearsed=bool(r.rehearsal), rank=r.rank)["peak"]
 
 
 def predicted_host_peak(r: RankResult) -> float | None:
