@@ -13,5 +13,5 @@ for folder, argv in [("20261201-134046-6F1B", ["--gpus", "4", "--gpus-per-node",
     runs = json.load(open(f"benchmarks/logs/h200/24-peaks/results/{folder}/summary.json"))["results"]
     for name in ("stage0", "stage3"):
         r = runs[name][0]; [row] = [x for x in p["rows"] if x["setup"] == name[-1]]
-        states = sum(v for k, v in r["model_state_breakdown"].items() if k != "other"); peak = max(s["peak_mem_bytes"] for s in r["steps"])
+        states = r["model_state_bytes"]; peak = max(s["peak_mem_bytes"] for s in r["steps"])
         print(f"{folder} G{r['world_size']} mb{r['micro_batch']}  {name}  {row['states']/G:.2f}  {states/G:.2f} ({row['states']/states-1:+.1%})  {row['peak']/G:.2f}  {peak/G:.2f} ({row['peak']/peak-1:+.1%})")

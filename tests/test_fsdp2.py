@@ -5,6 +5,7 @@ import json
 import pytest
 
 import report
+from zero3bench import parts
 from zero3bench.reporting import losses, reading, verdict
 from conftest import ROOT, planted, run
 
@@ -37,9 +38,9 @@ def test_fsdp2_trains_like_stage_3_at_every_step(fsdp2_peer):
 
 def test_fsdp2_holds_16_bytes_per_parameter_over_the_ranks_as_fp32_weights_grads_and_moments(fsdp2_peer):
     for r in fsdp2_peer.runs["fsdp2"]:
-        held = r["model_state_breakdown"]
-        assert held["params"] == held["grads"] == 4 * r["local_param_elems"]  # fp32 shards of both
-        assert held["master"] == 0  # the weights are the optimizer's own
+        held = parts.Census.from_dict(r["model_state_breakdown"])
+        assert held.params == held.grads == 4 * r["local_param_elems"]  # fp32 shards of both
+        assert held.master == 0  # the weights are the optimizer's own
         assert r["model_state_bytes"] == pytest.approx(r["predicted_model_state_bytes"], rel=0.01)
         assert r["partition_check_ok"] and r["gathered_tensors"] == 0
 

@@ -103,8 +103,8 @@ def test_stage3_partitions_every_tensor_under_each_launcher(launched):
 def test_model_states_are_counted_after_the_last_step(launched):
     for r in launched.records:
         assert r["partition_check_ok"]
-        parts = r["model_state_breakdown"]
-        assert parts["master"] > 0 and parts["moments"] > 0
+        held = parts.Census.from_dict(r["model_state_breakdown"])
+        assert held.master > 0 and held.moments > 0
         assert r["model_state_bytes"] == pytest.approx(r["predicted_model_state_bytes"], rel=0.05)
 
 

@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import train_gpt
+from zero3bench import parts
+from zero3bench.accounting import predict
 
 
 def tiny_tensor_sizes():
@@ -67,6 +69,6 @@ def test_stage3_model_states_per_rank_are_half_of_stage0(stage0, stage3):
 def test_model_states_match_the_zero_prediction(stage, stage0, stage3):
     for r in stage0 if stage == 0 else stage3:
         assert r["model_state_bytes"] == pytest.approx(r["predicted_model_state_bytes"], rel=0.05)
-        parts = r["model_state_breakdown"]
-        assert all(parts[k] > 0 for k in ("params", "grads", "master", "moments"))
-        assert parts["moments"] == pytest.approx(2 * parts["master"], rel=0.01)  # Adam's m and v, fp32 each
+        held = parts.Census.from_dict(r["model_state_breakdown"])
+        assert all(held.kind(kind) > 0 for kind in predict.KINDS)
+        assert held.moments == pytest.approx(2 * held.master, rel=0.01)  # Adam's m and v, fp32 each

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from zero3bench import parts
 from conftest import ROOT
 
 
@@ -56,7 +57,8 @@ def test_in_fp32_both_stages_follow_the_same_trajectory(fp32):
 def test_in_fp32_stage3_keeps_a_separate_master_copy_and_the_verdict_knows(fp32, capsys):
     import report
     r = fp32.runs["stage3"][0]
-    assert r["model_state_breakdown"]["master"] == pytest.approx(r["model_state_breakdown"]["params"], rel=0.02)
+    held = parts.Census.from_dict(r["model_state_breakdown"])
+    assert held.master == pytest.approx(held.params, rel=0.02)
     assert r["model_state_bytes"] == pytest.approx(r["predicted_model_state_bytes"], rel=0.05)
     assert report.main([str(fp32.folder)]) == 0
     assert "VERDICT: PASS" in capsys.readouterr().out

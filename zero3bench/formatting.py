@@ -87,10 +87,10 @@ def format_table(rows: Sequence[Sequence[object]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def other_bytes(results: list[RankResult], breakdown: str = "model_state_breakdown") -> int | None:
-    """The most any rank holds in tensors that are not model states, on the device or (host_state_breakdown)
-    in host memory."""
-    return max((getattr(r, breakdown)["other"] for r in results if getattr(r, breakdown)), default=None)
+def other_bytes(results: list[RankResult], host: bool = False) -> int | None:
+    """The most any rank holds in tensors that are not model states, on the device or (host) in host memory."""
+    censuses = (r.host_state_breakdown if host else r.model_state_breakdown for r in results)
+    return max((census.other for census in censuses if census), default=None)
 
 
 def rank_table(results: list[RankResult]) -> str:

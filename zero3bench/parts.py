@@ -1,8 +1,8 @@
 """
 The measured parts of a rank's result that its RESULT line carries as records of their own, typed: where it ran
-(Environment) and each training step (Step). A log of an older version lacks some of their keys, and a CPU run
-records no driver and a smaller memory snapshot; a part writes back the keys it was made with, in their order, so
-that its record reads back as it was written.
+(Environment), what it held by kind (Census) and each training step (Step). A log of an older version lacks some
+of their keys, and a CPU run records no driver and a smaller memory snapshot; a part writes back the keys it was
+made with, in their order, so that its record reads back as it was written.
 """
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
@@ -38,6 +38,26 @@ class Environment(Part):
 
 
 @dataclass(frozen=True)
+class Census(Part):
+    """Bytes of the live tensors in one memory, the device's or the host's, each counted once, under the first kind
+    that owns it (accounting.measure.census): the model states (predict.KINDS) and the rest."""
+    params: int = 0  # the parameters: the rank's shards, and the tensors it holds whole
+    grads: int = 0  # their gradients, on the parameters and in the buffers where ZeRO reduces its partitions
+    master: int = 0  # the optimizer's fp32 weights, where they are not the parameters themselves
+    moments: int = 0  # the optimizer's state: Adam's two moments
+    other: int = 0  # every other tensor: communication buckets, buffers
+
+    def kind(self, name: str) -> int:
+        """The bytes of one kind of model state, by its name in predict.KINDS."""
+        return getattr(self, name)
+
+    @property
+    def states(self) -> int:
+        """The model states: every kind but the other tensors."""
+        return self.params + self.grads + self.master + self.moments
+
+
+@dataclass(frozen=True)
 class Step(Part):
     """One training step (train_gpt.train): its loss before the update, and what it cost. Every log records its
     step, loss, time_s and peak_mem_bytes; a step made by hand may leave out what its reader does not ask."""
@@ -57,7 +77,11 @@ class Step(Part):
     comm_s: dict[str, float | None] | None = None  # the NCCL kernels' seconds by kind, in the profiled step
 
 
+# the fields of a rank's result that hold one part each, by the part's class
+ONE: dict[str, type[Part]] = {"env": Environment, "model_state_breakdown": Census, "host_state_breakdown": Census}
+
+
 def of(d: dict[str, Any]) -> dict[str, Any]:
     """The typed parts of a RESULT line's record, by its keys, where it holds them."""
-    return {"env": Environment.from_dict(d["env"]) if d.get("env") else None,
+    return {**{name: part.from_dict(d[name]) if d.get(name) else None for name, part in ONE.items()},
             "steps": [Step.from_dict(s) for s in d.get("steps") or []]}

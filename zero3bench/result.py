@@ -22,11 +22,6 @@ BUSBW_MIN_BYTES = 1 << 20
 RUN_KEYS = {f.name for f in fields(options.Run)}
 
 
-def model_states_of(breakdown: dict[str, int]) -> int:
-    """The model states of a census: every kind but the other tensors."""
-    return sum(v for k, v in breakdown.items() if k != "other")
-
-
 def run_from(d: dict[str, Any]) -> options.Run:
     """The run of a RESULT line, whose keys begin with its fields. A log from before a field was recorded lacks
     it: that run was DeepSpeed's, without DeepCompile or offload, and its other settings are unknown (None)."""
@@ -79,8 +74,8 @@ class RankResult:
     promised_fraction: dict = None
     partition_check_ok: bool = None
     # memory, measured (accounting.measure.census, in the last step) and predicted
-    model_state_breakdown: dict = None  # on the device (GPU, or CPU without GPUs)
-    host_state_breakdown: dict = None  # in host memory, with offload on GPUs
+    model_state_breakdown: parts.Census | None = None  # on the device (GPU, or CPU without GPUs)
+    host_state_breakdown: parts.Census | None = None  # in host memory, with offload on GPUs
     predicted_breakdown: dict = None
     predicted_model_state_bytes: float = None
     predicted_host_state_bytes: float = None
@@ -116,11 +111,11 @@ class RankResult:
     # carries, and a row in zero3bench/reporting/tables.py's COMPARISON.
     @property
     def model_state_bytes(self) -> int | None:
-        return model_states_of(self.model_state_breakdown) if self.model_state_breakdown else None
+        return self.model_state_breakdown.states if self.model_state_breakdown else None
 
     @property
     def host_state_bytes(self) -> int | None:
-        return model_states_of(self.host_state_breakdown) if self.host_state_breakdown else None
+        return self.host_state_breakdown.states if self.host_state_breakdown else None
 
     @property
     def mem_after_init_bytes(self) -> int | None:
@@ -239,7 +234,8 @@ def line_value(r: RankResult, key: str) -> Any:
 
 def as_dict(r: RankResult) -> dict[str, Any]:
     """The result as its RESULT line carries it, flat: its run's fields, its own and its figures."""
-    own = {**asdict(r), "env": r.env.as_dict() if r.env else None, "steps": [s.as_dict() for s in r.steps]}
+    own = {**asdict(r), **{name: part.as_dict() if (part := getattr(r, name)) else None for name in parts.ONE},
+           "steps": [s.as_dict() for s in r.steps]}
     return {**own.pop("run"), **own, **{name: getattr(r, name) for name in FIGURES}}
 
 
@@ -248,8 +244,8 @@ PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
 
 def held_bytes(r: RankResult) -> dict[str, int]:
     """This rank's model states by kind, on the device and in host memory together."""
-    host = r.host_state_breakdown or {}
-    return {k: r.model_state_breakdown[k] + host.get(k, 0) for k in predict.KINDS}
+    device, host = r.model_state_breakdown, r.host_state_breakdown
+    return {kind: device.kind(kind) + (host.kind(kind) if host else 0) for kind in predict.KINDS}
 
 
 def add_predictions(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zero: dict[str, Any]) -> None:
@@ -327,8 +323,8 @@ def step_line(r: RankResult, s: parts.Step) -> str:
             f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}{scale}")
 
 
-def kinds_text(breakdown: dict[str, int]) -> str:
-    return ", ".join(f"{kind} {size(breakdown[kind])}" for kind in predict.KINDS)
+def kinds_text(census: parts.Census) -> str:
+    return ", ".join(f"{kind} {size(census.kind(kind))}" for kind in predict.KINDS)
 
 
 def partition_lines(tag: str, r: RankResult) -> list[str]:
@@ -341,12 +337,12 @@ def memory_lines(tag: str, r: RankResult) -> list[str]:
     lines = [f"{tag} model states: {size(r.model_state_bytes)} ({kinds_text(r.model_state_breakdown)}) vs ZeRO "
              f"prediction {size(r.predicted_model_state_bytes)} "
              f"({fmt(relative_error(r.model_state_bytes, r.predicted_model_state_bytes), '+.1%')}); other tensors "
-             f"{size(r.model_state_breakdown['other'])}; partitioned parameters still gathered after backward: "
+             f"{size(r.model_state_breakdown.other)}; partitioned parameters still gathered after backward: "
              f"{r.gathered_tensors}"]
     if r.host_state_breakdown:
         lines.append(f"{tag} host (CPU) model states: {size(r.host_state_bytes)} "
                      f"({kinds_text(r.host_state_breakdown)}) vs prediction {size(r.predicted_host_state_bytes)}; "
-                     f"other host tensors {size(r.host_state_breakdown['other'])}")
+                     f"other host tensors {size(r.host_state_breakdown.other)}")
     held, promised = r.held_fraction, r.promised_fraction
     lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
         f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +

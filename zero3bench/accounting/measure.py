@@ -10,14 +10,15 @@ import math
 import resource
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 from deepspeed import comm as dist
 from deepspeed.runtime.zero.utils import is_zero_param
 from torch._subclasses.fake_tensor import FakeTensor
 
+from zero3bench import parts
 from zero3bench.accounting import predict
 
 try:  # FSDP2's: torch.distributed.tensor is public from torch 2.5, FSDPModule from 2.6
@@ -149,7 +150,7 @@ def partitioned_gradients(optimizer: object) -> list[torch.Tensor | None]:
     return found
 
 
-def census(engine: DeepSpeedEngine | fsdp2.Engine, device_type: str) -> dict[str, int]:
+def census(engine: DeepSpeedEngine | fsdp2.Engine, device_type: str) -> parts.Census:
     """Bytes of every live tensor on a kind of device, counted from the tensors themselves and sorted into
     the model states (parameters, gradients, fp32 master weights, optimizer moments) and the rest
     (communication buckets, buffers)."""
@@ -166,20 +167,20 @@ def census(engine: DeepSpeedEngine | fsdp2.Engine, device_type: str) -> dict[str
     with warnings.catch_warnings():  # looking at every object touches deprecated torch attributes
         warnings.simplefilter("ignore")
         live = storages([o for o in gc.get_objects() if torch.is_tensor(o)], device_type)
-    claimed, found = {}, {}
+    claimed: dict[int, int] = {}
+    found: dict[str, Any] = {}  # bytes by kind: the census's fields
     for kind, tensors in owners.items():
         mine = {k: v for k, v in storages(tensors, device_type).items() if k not in claimed}
         claimed.update(mine)
         found[kind] = sum(mine.values())
-    found["other"] = sum(v for k, v in live.items() if k not in claimed)
-    return found
+    return parts.Census(**found, other=sum(v for k, v in live.items() if k not in claimed))
 
 
-def combined(after_backward: dict[str, int], after_step: dict[str, int]) -> dict[str, int]:
+def combined(after_backward: parts.Census, after_step: parts.Census) -> parts.Census:
     """Gradients and optimizer states never all exist at one moment of the first step: Adam creates its
     moments in the step, which frees the gradients. The census after backward gives the parameters,
     gradients and other tensors; the one after the step, the master weights and moments."""
-    return {**after_backward, "master": after_step["master"], "moments": after_step["moments"]}
+    return replace(after_backward, master=after_step.master, moments=after_step.moments)
 
 
 def gathered_tensors(model: torch.nn.Module) -> int:
@@ -191,7 +192,7 @@ def gathered_tensors(model: torch.nn.Module) -> int:
 
 
 def model_states_now(engine: DeepSpeedEngine | fsdp2.Engine, device: torch.device,
-                     offload: dict[str, str | None]) -> tuple[dict[str, int], dict[str, int] | None]:
+                     offload: dict[str, str | None]) -> tuple[parts.Census, parts.Census | None]:
     """The census on the device, and in host memory too where a GPU rank offloads (else None)."""
     offloaded = device.type == "cuda" and predict.host_kinds(offload)
     return census(engine, device.type), census(engine, "cpu") if offloaded else None

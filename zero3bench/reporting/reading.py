@@ -11,6 +11,7 @@ from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, TypeVar, get_args
 
+from zero3bench import parts
 from zero3bench.exits import EXIT, SIGNALS
 
 from zero3bench.formatting import gib
@@ -27,11 +28,12 @@ Figure = TypeVar("Figure", int, float)  # most() gives the kind of figure it is 
 
 # Kinds a field takes on a RESULT line beyond its own: a typed part's record; logs from before the link's curve
 # hold its one figure
-OLDER_KINDS = {"link_busbw": (dict, int, float), "env": dict}
+OLDER_KINDS = {"link_busbw": (dict, int, float), **dict.fromkeys(parts.ONE, dict)}
 
 
 def held_type(hint: Any) -> Any:
-    """The type of a field's value where it holds one: X for X | None (a run's setting that a log may lack)."""
+    """The type of a field's value where it holds one: X for X | None (a run's setting that a log may lack, a
+    part that a rank may not have measured)."""
     kinds = [kind for kind in get_args(hint) if kind is not NoneType]
     return kinds[0] if isinstance(hint, UnionType) and len(kinds) == 1 else hint
 

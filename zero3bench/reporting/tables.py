@@ -221,7 +221,7 @@ def offload_memory(results: Results) -> str:
     return (f"per rank, GPU model states {size(figure('model_states', results))}, GPU peak "
             f"{size(most(r.peak_mem_bytes for r in results))}; host (CPU) model states "
             f"{size(most(r.host_state_bytes for r in results))}, other host tensors "
-            f"{size(other_bytes(results, 'host_state_breakdown'))}" + (f", host peak RSS {size(rss)}" if rss else "")
+            f"{size(other_bytes(results, host=True))}" + (f", host peak RSS {size(rss)}" if rss else "")
             + (f" (predicted {size(predicted)})" if rss and predicted else ""))
 
 
