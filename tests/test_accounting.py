@@ -381,8 +381,13 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
     r = record(**facts(0, world=1), steps=steps, memory_at_start=start)
-    result.finish(r, t.PRESETS["1.3b"], t.LOSS_CHUNK, {}, {"peak_mem_bytes": 0})
+    result.finish(r, t.PRESETS["1.3b"], t.LOSS_CHUNK, {}, parts.MemorySnapshot(peak_mem_bytes=0))
     assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
+
+
+def test_a_cpu_ranks_memory_snapshot_records_its_peak_resident_set_alone():
+    snapshot = measure.memory_snapshot(torch.device("cpu"))
+    assert snapshot.as_dict() == {"peak_mem_bytes": snapshot.peak_mem_bytes} and snapshot.peak_mem_bytes > 0
 
 
 def test_the_learning_rate_warms_up_linearly_from_zero_to_lr():

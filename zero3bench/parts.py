@@ -1,7 +1,8 @@
 """
 The measured parts of a rank's result that its RESULT line carries as records of their own, typed: where it ran
-(Environment), what it held by kind (Census) and each training step (Step). A log of an older version lacks some
-of their keys, and a CPU run records no driver and a smaller memory snapshot; a part writes back the keys it was
+(Environment), what it held by kind (Census), its memory at a moment (MemorySnapshot) and each training step
+(Step). A log of an older version lacks some of their keys, and a CPU run records no driver and a smaller memory
+snapshot; a part writes back the keys it was
 made with, in their order, so that its record reads back as it was written.
 """
 from dataclasses import dataclass, field, fields
@@ -58,6 +59,17 @@ class Census(Part):
 
 
 @dataclass(frozen=True)
+class MemorySnapshot(Part):
+    """A rank's memory at a moment (accounting.measure.memory_snapshot), its peaks since the last reset; a CPU run
+    records its peak resident set alone."""
+    peak_mem_bytes: int | None = None  # the peak allocated by PyTorch on a GPU; on a CPU, the peak resident set
+    allocated_bytes: int | None = None  # allocated by PyTorch now
+    peak_reserved_bytes: int | None = None  # the peak reserved by PyTorch's allocator
+    host_peak_rss_bytes: int | None = None  # the process's peak resident set: the host memory that offload costs
+    device_total_bytes: int | None = None  # the GPU's size
+
+
+@dataclass(frozen=True)
 class Step(Part):
     """One training step (train_gpt.train): its loss before the update, and what it cost. Every log records its
     step, loss, time_s and peak_mem_bytes; a step made by hand may leave out what its reader does not ask."""
@@ -67,7 +79,7 @@ class Step(Part):
     applied: bool = True  # False where fp16's loss scaler found an overflow and skipped the update; absent: True
     loss_scale: float | None = None  # fp16's, after the step
     time_s: float | None = None
-    # the memory snapshot after it (accounting.measure.memory_snapshot): on a CPU, its peak resident set alone
+    # the fields of the MemorySnapshot after it, flat as its record holds them: on a CPU, peak_mem_bytes alone
     peak_mem_bytes: int | None = None
     allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
@@ -78,7 +90,8 @@ class Step(Part):
 
 
 # the fields of a rank's result that hold one part each, by the part's class
-ONE: dict[str, type[Part]] = {"env": Environment, "model_state_breakdown": Census, "host_state_breakdown": Census}
+ONE: dict[str, type[Part]] = {"env": Environment, "memory_at_start": MemorySnapshot, "model_state_breakdown": Census,
+                              "host_state_breakdown": Census}
 
 
 def of(d: dict[str, Any]) -> dict[str, Any]:

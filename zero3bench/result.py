@@ -7,8 +7,9 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from zero3bench import options, parts
 from zero3bench.accounting import explain, predict, shapes, traffic
@@ -20,6 +21,7 @@ PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ
 # Their kernels are also counted where the wrapper does not see them (DTensor's norm in FSDP2's clipping).
 BUSBW_MIN_BYTES = 1 << 20
 RUN_KEYS = {f.name for f in fields(options.Run)}
+Figure = TypeVar("Figure", int, float)  # most() gives the kind of figure it is given
 
 
 def run_from(d: dict[str, Any]) -> options.Run:
@@ -56,7 +58,7 @@ class RankResult:
     optimizer: str = None
     ready_s: float = None
     deepcompile_active: bool = None  # whether DeepSpeed says DeepCompile compiled the run; None where it cannot say
-    memory_at_start: dict = None  # the memory snapshot once the engine is ready
+    memory_at_start: parts.MemorySnapshot | None = None  # the memory snapshot once the engine is ready
     zero_config: dict = None  # the zero_optimization section as DeepSpeed read it (compat.zero_config)
     # partitioning (accounting.measure.shard_report)
     param_tensors: int = None
@@ -85,9 +87,9 @@ class RankResult:
     predicted_peak_bytes: float = None
     differences: list = None
     peak_mem_bytes: int = 0
-    peak_reserved_bytes: int = None
-    device_total_bytes: int = None
-    host_peak_rss_bytes: int = None
+    peak_reserved_bytes: int | None = None
+    device_total_bytes: int | None = None
+    host_peak_rss_bytes: int | None = None
     steps: list[parts.Step] = field(default_factory=list)  # training, per step
     flops_per_token: float = None
     peak_tflops: float = None  # the device's dense 16-bit peak, where known
@@ -119,7 +121,7 @@ class RankResult:
 
     @property
     def mem_after_init_bytes(self) -> int | None:
-        return (self.memory_at_start or {}).get("allocated_bytes")
+        return self.memory_at_start.allocated_bytes if self.memory_at_start else None
 
     @property
     def losses(self) -> list[float] | None:
@@ -227,6 +229,13 @@ FIELDS = {f.name for f in fields(RankResult)} - {"run"}  # the rank's own, as it
 LINE_FIELDS = [*fields(options.Run), *(f for f in fields(RankResult) if f.name in FIELDS)]
 
 
+def most(values: Iterable[Figure | None]) -> Figure | None:
+    """The largest of the figures that were measured, or None: per-rank figures are judged at the rank that
+    holds the most."""
+    measured = [v for v in values if v is not None]
+    return max(measured) if measured else None
+
+
 def line_value(r: RankResult, key: str) -> Any:
     """The field that r's RESULT line carries under key, its run's or its own: for settings named as data."""
     return getattr(r.run if key in RUN_KEYS else r, key)
@@ -237,9 +246,6 @@ def as_dict(r: RankResult) -> dict[str, Any]:
     own = {**asdict(r), **{name: part.as_dict() if (part := getattr(r, name)) else None for name in parts.ONE},
            "steps": [s.as_dict() for s in r.steps]}
     return {**own.pop("run"), **own, **{name: getattr(r, name) for name in FIGURES}}
-
-
-PEAK_KEYS = ("peak_mem_bytes", "peak_reserved_bytes", "host_peak_rss_bytes")
 
 
 def held_bytes(r: RankResult) -> dict[str, int]:
@@ -284,15 +290,16 @@ def add_shares(r: RankResult) -> None:
 
 
 def finish(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zero: dict[str, Any],
-           memory_now: dict[str, int]) -> None:
+           memory_now: parts.MemorySnapshot) -> None:
     """Complete a rank's result once it has run: its peaks, and where it counted its model states, the
     predictions and shares they are judged against. zero is the config's zero_optimization section;
     memory_now the memory snapshot at the end."""
-    snapshots = [memory_now, *([r.memory_at_start] if r.memory_at_start else []), *(s.as_dict() for s in r.steps)]
-    for key in PEAK_KEYS:
-        seen = [s[key] for s in snapshots if s.get(key) is not None]
-        setattr(r, key, max(seen) if seen else None)
-    r.device_total_bytes = memory_now.get("device_total_bytes")
+    taken = [memory_now, *([r.memory_at_start] if r.memory_at_start else [])]
+    snapshots: list[parts.MemorySnapshot | parts.Step] = [*taken, *r.steps]  # a step carries its snapshot's fields
+    r.peak_mem_bytes = most(s.peak_mem_bytes for s in snapshots)
+    r.peak_reserved_bytes = most(s.peak_reserved_bytes for s in snapshots)
+    r.host_peak_rss_bytes = most(s.host_peak_rss_bytes for s in snapshots)
+    r.device_total_bytes = memory_now.device_total_bytes
     if r.model_state_breakdown:
         add_predictions(r, shape, loss_chunk, r.zero_config or zero)  # as DeepSpeed read it, where it did
         add_shares(r)

@@ -198,16 +198,16 @@ def model_states_now(engine: DeepSpeedEngine | fsdp2.Engine, device: torch.devic
     return census(engine, device.type), census(engine, "cpu") if offloaded else None
 
 
-def memory_snapshot(device: torch.device) -> dict[str, int]:
+def memory_snapshot(device: torch.device) -> parts.MemorySnapshot:
     """Peak memory since the last reset: allocated and reserved on a GPU, and the process's peak resident set
-    size, which is the host memory that offload costs (on a CPU, the only memory)."""
+    size, which is the host memory that offload costs (on a CPU, the only memory, and the only key it records)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if device.type != "cuda":
-        return {"peak_mem_bytes": rss}
-    return {"peak_mem_bytes": torch.cuda.max_memory_allocated(device),
-            "allocated_bytes": torch.cuda.memory_allocated(device),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "host_peak_rss_bytes": rss,
-            "device_total_bytes": torch.cuda.get_device_properties(device).total_memory}
+        return parts.MemorySnapshot(peak_mem_bytes=rss, recorded=("peak_mem_bytes",))
+    return parts.MemorySnapshot(peak_mem_bytes=torch.cuda.max_memory_allocated(device),
+                                allocated_bytes=torch.cuda.memory_allocated(device),
+                                peak_reserved_bytes=torch.cuda.max_memory_reserved(device), host_peak_rss_bytes=rss,
+                                device_total_bytes=torch.cuda.get_device_properties(device).total_memory)
 
 
 def optimizer_name(engine: DeepSpeedEngine | fsdp2.Engine) -> str:

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Any, TypeVar, get_args
+from typing import Any, get_args
 
 from zero3bench import parts
 from zero3bench.exits import EXIT, SIGNALS
@@ -17,13 +17,12 @@ from zero3bench.exits import EXIT, SIGNALS
 from zero3bench.formatting import gib
 from zero3bench.options import BadInput
 from zero3bench.reporting import deaths
-from zero3bench.result import LINE_FIELDS, RankResult
+from zero3bench.result import LINE_FIELDS, RankResult, most
 from zero3bench.stages import DENSE, ZERO3, is_own_config
 
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
 Results = list[RankResult]  # a run: its ranks' results
 Runs = dict[str, Results]  # a folder's runs, by log name
-Figure = TypeVar("Figure", int, float)  # most() gives the kind of figure it is given
 
 
 # Kinds a field takes on a RESULT line beyond its own: a typed part's record; logs from before the link's curve
@@ -128,13 +127,6 @@ def load_runs(folder: str | Path) -> Runs:
 def first(results: Results) -> RankResult:
     """Rank 0's result, which holds the run's settings; NOTHING for a run without results."""
     return results[0] if results else NOTHING
-
-
-def most(values: Iterable[Figure | None]) -> Figure | None:
-    """The largest of the figures that were measured, or None: per-rank figures are judged at the rank that
-    holds the most."""
-    measured = [v for v in values if v is not None]
-    return max(measured) if measured else None
 
 
 def failed(results: Results) -> bool:
