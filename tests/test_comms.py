@@ -3,6 +3,7 @@ ZeRO paper's units, and nccl-tests' bus bandwidth."""
 import pytest
 import torch
 
+from zero3bench import parts
 from zero3bench.accounting import comms, traffic
 
 
@@ -12,7 +13,8 @@ def test_the_paper_moves_2_params_per_step_below_stage_3_and_3_at_stage_3():
 
 
 def test_volume_counts_an_all_reduce_twice():
-    counts = {"all_gather": {"elems": 20}, "reduce_scatter": {"elems": 10}, "all_reduce": {"elems": 5}}
+    counts = {"all_gather": parts.Collectives(elems=20), "reduce_scatter": parts.Collectives(elems=10),
+              "all_reduce": parts.Collectives(elems=5)}
     assert traffic.volume(counts, 10) == 4.0
 
 
