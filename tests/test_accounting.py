@@ -412,7 +412,8 @@ def test_speed_leaves_out_the_first_step_and_the_profiled_one():
 
 def test_bus_bandwidth_of_a_run_comes_from_the_profiled_steps_kernels():
     r = rank(3, world=2)
-    comm = {kind: {"bytes": 1e9, "elems": 5e8, "calls": 1} for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+    comm = dict.fromkeys(("all_gather", "reduce_scatter", "all_reduce"),
+                         parts.Collectives(bytes=10**9, elems=5 * 10**8, calls=1))
     seconds = {"all_gather": 0.01, "reduce_scatter": 0.02, "all_reduce": None}
     r.steps = [parts.Step(time_s=1.0, comm=comm, comm_s=seconds)]
     assert r.busbw == {"all_gather": pytest.approx(50e9), "reduce_scatter": pytest.approx(25e9), "all_reduce": None}
@@ -421,7 +422,7 @@ def test_bus_bandwidth_of_a_run_comes_from_the_profiled_steps_kernels():
 
 def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
     r = rank(3, world=2)
-    comm = {kind: {"bytes": 4, "elems": 1, "calls": 1} for kind in ("all_gather", "reduce_scatter", "all_reduce")}
+    comm = dict.fromkeys(("all_gather", "reduce_scatter", "all_reduce"), parts.Collectives(bytes=4, elems=1, calls=1))
     r.steps = [parts.Step(time_s=1.0, comm=comm, comm_s=dict.fromkeys(comm, 1e-5))]
     assert r.busbw == dict.fromkeys(comm)
 

@@ -3,6 +3,7 @@ ZeRO paper's units, and nccl-tests' bus bandwidth."""
 import pytest
 import torch
 
+from zero3bench import parts
 from zero3bench.accounting import comms, traffic
 
 
@@ -12,7 +13,8 @@ def test_the_paper_moves_2_params_per_step_below_stage_3_and_3_at_stage_3():
 
 
 def test_volume_counts_an_all_reduce_twice():
-    counts = {"all_gather": {"elems": 20}, "reduce_scatter": {"elems": 10}, "all_reduce": {"elems": 5}}
+    counts = {"all_gather": parts.Collectives(elems=20), "reduce_scatter": parts.Collectives(elems=10),
+              "all_reduce": parts.Collectives(elems=5)}
     assert traffic.volume(counts, 10) == 4.0
 
 
@@ -33,7 +35,7 @@ def test_a_collective_is_counted_at_its_nccl_tests_size_once_even_when_it_calls_
     counted_outer = comms.counted("_all_gather_base", outer)
     comms.COUNTER.take()
     counted_outer(torch.zeros(8, dtype=torch.bfloat16), torch.zeros(4, dtype=torch.bfloat16))
-    assert comms.COUNTER.take()["all_gather"] == {"bytes": 16, "elems": 8, "calls": 1}
+    assert comms.COUNTER.take()["all_gather"] == parts.Collectives(bytes=16, elems=8, calls=1)
 
 
 def test_a_reduce_scatter_is_sized_by_its_input_and_a_list_by_its_sum():
@@ -43,7 +45,7 @@ def test_a_reduce_scatter_is_sized_by_its_input_and_a_list_by_its_sum():
     rs(torch.zeros(2), input=torch.zeros(4))
     ag([torch.zeros(3), torch.zeros(3)], torch.zeros(3))
     taken = comms.COUNTER.take()
-    assert taken["reduce_scatter"]["bytes"] == 16 and taken["all_gather"]["bytes"] == 24
+    assert taken["reduce_scatter"].bytes == 16 and taken["all_gather"].bytes == 24
 
 
 def test_stage_0_all_reduces_its_gradients_once_per_step(stage0):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import plan
+from zero3bench import parts
 from zero3bench.accounting import host, predict, timing, traffic
 from zero3bench.planning import inputs
 
@@ -125,7 +126,8 @@ def counted_bytes(summary, run):
     """Bytes per kind of collective of a run's last step, as rank 0 counted them, but for the loss's all-reduce
     of a few bytes."""
     record = json.loads((ROOT / "benchmarks" / "logs" / summary / "summary.json").read_text())["results"][run][0]
-    return {kind: c["bytes"] for kind, c in record["steps"][-1]["comm"].items() if c["bytes"] > 2**20}, record
+    comm = parts.Step.from_dict(record["steps"][-1]).comm or {}
+    return {kind: c.bytes for kind, c in comm.items() if c.bytes > 2**20}, record
 
 
 @pytest.mark.parametrize("summary, run, stage, engine", [

@@ -1,9 +1,9 @@
 """
 The measured parts of a rank's result that its RESULT line carries as records of their own, typed: where it ran
 (Environment), what it held by kind (Census), its memory at a moment (MemorySnapshot) and each training step
-(Step). A log of an older version lacks some of their keys, and a CPU run records no driver and a smaller memory
-snapshot; a part writes back the keys it was
-made with, in their order, so that its record reads back as it was written.
+(Step), with its collectives of each kind (Collectives). A log of an older version lacks some of their keys, and a
+CPU run records no driver and a smaller memory snapshot; a part writes back the keys it was made with, in their
+order, so that its record reads back as it was written.
 """
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
@@ -70,6 +70,15 @@ class MemorySnapshot(Part):
 
 
 @dataclass(frozen=True)
+class Collectives(Part):
+    """The collectives of one kind in a step (all-gathers, say), as accounting.comms counts them: their size in
+    nccl-tests' terms (an all-gather's gathered output, a reduce-scatter's whole input, an all-reduce's buffer)."""
+    bytes: int = 0
+    elems: int = 0
+    calls: int = 0
+
+
+@dataclass(frozen=True)
 class Step(Part):
     """One training step (train_gpt.train): its loss before the update, and what it cost. Every log records its
     step, loss, time_s and peak_mem_bytes; a step made by hand may leave out what its reader does not ask."""
@@ -85,8 +94,18 @@ class Step(Part):
     peak_reserved_bytes: int | None = None
     host_peak_rss_bytes: int | None = None
     device_total_bytes: int | None = None
-    comm: dict[str, dict[str, int]] | None = None  # its collectives as accounting.comms counted them
+    comm: dict[str, Collectives] | None = None  # its collectives by kind (accounting.comms.COLLECTIVES)
     comm_s: dict[str, float | None] | None = None  # the NCCL kernels' seconds by kind, in the profiled step
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        comm = d.get("comm")
+        return super().from_dict({**d, "comm": {kind: Collectives.from_dict(c) for kind, c in comm.items()}}
+                                 if comm else d)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = super().as_dict()
+        return {**d, "comm": {kind: c.as_dict() for kind, c in self.comm.items()}} if self.comm else d
 
 
 # the fields of a rank's result that hold one part each, by the part's class

@@ -162,7 +162,7 @@ class RankResult:
             timed = [s.time_s for s in unprofiled]
         return statistics.median(timed) if timed else None
 
-    def counted_comm(self) -> dict[str, dict[str, int]] | None:
+    def counted_comm(self) -> dict[str, parts.Collectives] | None:
         """The last step's collectives as accounting.comms counted them; None with DeepCompile, whose own op
         calls NCCL from C++, where the count does not reach; None too where the rank failed before its first step."""
         return None if self.run.deepcompile or not self.steps else self.steps[-1].comm
@@ -171,7 +171,7 @@ class RankResult:
     def comm_bytes(self) -> dict[str, int] | None:
         """Bytes per kind of collective in the last step (nccl-tests' sizes: accounting.comms)."""
         last = self.counted_comm()
-        return {kind: c["bytes"] for kind, c in last.items()} if last else None
+        return {kind: c.bytes for kind, c in last.items()} if last else None
 
     @property
     def comm_volume(self) -> float | None:

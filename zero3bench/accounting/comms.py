@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed
 
-from zero3bench import compat
+from zero3bench import compat, parts
 from zero3bench.accounting import traffic
 
 if TYPE_CHECKING:
@@ -41,22 +41,22 @@ KERNELS = {"all_gather": "AllGather", "reduce_scatter": "ReduceScatter", "all_re
 
 
 class Counter:
-    """Bytes and elements per kind of collective since the last take()."""
+    """The collectives of each kind since the last take()."""
 
     def __init__(self) -> None:
         self.inside = threading.local()  # a collective that calls another is counted once
+        self.counts: dict[str, parts.Collectives] = {}
         self.take()
 
     def add(self, kind: str, tensors: torch.Tensor | list[torch.Tensor] | tuple[torch.Tensor, ...]) -> None:
         tensors = tensors if isinstance(tensors, (list, tuple)) else [tensors]
-        self.counts[kind]["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
-        self.counts[kind]["elems"] += sum(t.numel() for t in tensors)
-        self.counts[kind]["calls"] += 1
+        c = self.counts[kind]
+        self.counts[kind] = parts.Collectives(bytes=c.bytes + sum(t.numel() * t.element_size() for t in tensors),
+                                              elems=c.elems + sum(t.numel() for t in tensors), calls=c.calls + 1)
 
-    def take(self) -> dict[str, dict[str, int]] | None:
+    def take(self) -> dict[str, parts.Collectives]:
         """What was counted since the last take, and start again."""
-        taken = getattr(self, "counts", None)
-        self.counts = {kind: {"bytes": 0, "elems": 0, "calls": 0} for kind in COLLECTIVES}
+        taken, self.counts = self.counts, {kind: parts.Collectives() for kind in COLLECTIVES}
         return taken
 
 
@@ -116,14 +116,15 @@ def kernel_seconds(prof: torch.profiler.profile) -> dict[str, float | None]:
 
 @contextlib.contextmanager
 def step(device: torch.device, profiled: bool) -> Iterator[dict[str, Any]]:
-    """Counts the collectives of one training step into the dict it yields, as "comm", and where profiled on a
-    GPU, times NCCL's kernels, as "comm_s"."""
+    """Counts the collectives of one training step into the dict it yields, as the record of its step holds them
+    (parts.Step.from_dict reads it), as "comm", and where profiled on a GPU, times NCCL's kernels, as "comm_s"."""
     found: dict[str, Any] = {}
     prof = profiler(device) if profiled else None
     COUNTER.take()
     with prof or contextlib.nullcontext():
         yield found
-    found.update(comm=COUNTER.take(), comm_s=kernel_seconds(prof) if prof else None)
+    taken = COUNTER.take()
+    found.update(comm={kind: c.as_dict() for kind, c in taken.items()}, comm_s=kernel_seconds(prof) if prof else None)
 
 
 # The sizes at which the link is probed, as nccl-tests' `-b 1M -e 1G -f 2`: an all-gather's gathered bytes

@@ -5,6 +5,7 @@ parameters), and nccl-tests' bus bandwidth, that accounting.comms's counts and t
 import math
 from collections.abc import Mapping
 
+from zero3bench.parts import Collectives
 from zero3bench.stages import shards_params
 
 
@@ -15,11 +16,10 @@ def comm_volume(stage: int, world: int) -> int:
     return 0 if world == 1 else 3 if shards_params(stage) else 2
 
 
-def volume(counts: Mapping[str, Mapping[str, int]], params: int) -> float:
+def volume(counts: Mapping[str, Collectives], params: int) -> float:
     """Measured communication in the paper's units: elements all-gathered and reduce-scattered, and twice
     those all-reduced, over the parameters."""
-    return (counts["all_gather"]["elems"] + counts["reduce_scatter"]["elems"]
-            + 2 * counts["all_reduce"]["elems"]) / params
+    return (counts["all_gather"].elems + counts["reduce_scatter"].elems + 2 * counts["all_reduce"].elems) / params
 
 
 BUS_FACTOR = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
