@@ -68,9 +68,13 @@ def one_record(lines, rank, edit):
     (lambda lines: one_record(lines, 1, lambda d: {**d, "peak_mem_bytes": "1"}), "1"),  # a number in quotes
     (lambda lines: one_record(lines, 1, lambda d: {**d, "steps": "x"}), "1"),  # steps not a list
     (lambda lines: one_record(lines, 1, lambda d: {**d, "steps": [1, 2, 3]}), "1"),  # steps not records
+    (lambda lines: one_record(lines, 1, lambda d: {**d, "steps": [{**s, "comm": [1]} for s in d["steps"]]}),
+     "1"),  # a step's collectives not a record of kinds
+    (lambda lines: one_record(lines, 1, lambda d: {**d, "model_state_breakdown": [1]}), "1"),  # a census not a record
     (lambda lines: one_record(lines, 1, lambda d: {**d, "rank": 0}), "0 1"),  # rank 0 twice
     (lambda lines: [*lines, *one_record(lines, 1, lambda d: {**d, "rank": 2})[result_index(lines, 1):][:1]], "2"),
-], ids=["a number in quotes", "steps not a list", "steps not records", "a rank twice", "a rank beyond the world"])
+], ids=["a number in quotes", "steps not a list", "steps not records", "collectives not a record",
+        "a census not a record", "a rank twice", "a rank beyond the world"])
 def test_a_mistyped_doubled_or_stray_result_keeps_the_verdict_from_passing(edit, lost, run_sh, tmp_path, capsys):
     status, out = reported(edited_log(run_sh.folder, tmp_path, "stage3", edit), capsys)
     assert status == report.EXIT["NOT OBSERVABLE"] and "VERDICT: NOT OBSERVABLE" in out

@@ -55,7 +55,7 @@ def parsed(line: str) -> RankResult | None:
     try:
         d = json.loads(line.partition("RESULT ")[2])  # the launcher may put a host name before the line
         r = RankResult.from_dict(d) if isinstance(d, dict) and not mistyped(d) else None
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, AttributeError):  # AttributeError: a part's record that is no record
         return None
     return r if r is not None and isinstance(r.rank, int) and isinstance(r.world_size, int) else None
 
