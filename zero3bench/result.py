@@ -37,64 +37,65 @@ class RankResult:
     rank that fails keeps what it got. as_dict is its RESULT line; from_dict reads one back."""
     run: options.Run = field(default_factory=lambda: run_from({}))  # its RESULT line carries its fields first, flat
     # where it ran
-    rank: int = None
-    world_size: int = None
-    launcher: str = None  # "deepspeed", "torchrun", "srun", "mpirun", "one process", "RANK set" (adopt_launcher_env)
-    node: str = None  # the node it ran on, by the launcher's name for it (machine.launcher_node)
-    mem_kind: str = None  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
-    gpus: int = None
-    ranks_per_node: int = None
-    ranks_per_gpu: int = None
-    rehearsal: bool = None
-    link_bytes_per_s: float = None  # NVLink's, per GPU and direction, where the ranks communicate over it
-    env: parts.Environment = None
+    rank: int | None = None
+    world_size: int | None = None
+    # "deepspeed", "torchrun", "srun", "mpirun", "one process", "RANK set" (adopt_launcher_env)
+    launcher: str | None = None
+    node: str | None = None  # the node it ran on, by the launcher's name for it (machine.launcher_node)
+    mem_kind: str | None = None  # "cuda": memory is the GPU allocator's; "cpu_rss": the process's resident set
+    gpus: int | None = None
+    ranks_per_node: int | None = None
+    ranks_per_gpu: int | None = None
+    rehearsal: bool | None = None
+    link_bytes_per_s: float | None = None  # NVLink's, per GPU and direction, where the ranks communicate over it
+    env: parts.Environment | None = None
     # how it ended
     oom: bool = False
-    error: str = None
-    interrupted_by: str = None  # the signal that ended the run (at the end of a step if training), or a peer's
-    diverged: str = None  # why the loss ended the run: not finite, or past options.DIVERGED_FACTOR x the first
+    error: str | None = None
+    interrupted_by: str | None = None  # the signal that ended the run (at the end of a step if training), or a peer's
+    diverged: str | None = None  # why the loss ended the run: not finite, or past options.DIVERGED_FACTOR x the first
     timing: dict = field(default_factory=dict)  # epoch seconds: started, imported, engine_ready, trained, probed
     # the engine
-    optimizer: str = None
-    ready_s: float = None
-    deepcompile_active: bool = None  # whether DeepSpeed says DeepCompile compiled the run; None where it cannot say
+    optimizer: str | None = None
+    ready_s: float | None = None
+    deepcompile_active: bool | None = None  # whether DeepSpeed says DeepCompile compiled the run; None: cannot say
     memory_at_start: parts.MemorySnapshot | None = None  # the memory snapshot once the engine is ready
-    zero_config: dict = None  # the zero_optimization section as DeepSpeed read it (compat.zero_config)
+    zero_config: dict | None = None  # the zero_optimization section as DeepSpeed read it (compat.zero_config)
     # partitioning (accounting.measure.shard_report)
-    param_tensors: int = None
-    partitioned_tensors: int = None
-    persistent_tensors: int = None
-    params_total: int = None
-    local_param_elems: int = None
-    persistent_elems: int = None
-    largest_param_elems: int = None
-    shard_check_ok: bool = None
-    weights_checksum: float = None
-    trained_checksum: float = None  # the weights checksum after the steps on the same rows (options.SAME_ROWS_STEPS)
-    gathered_tensors: int = None
-    held_fraction: dict = None
-    promised_fraction: dict = None
-    partition_check_ok: bool = None
+    param_tensors: int | None = None
+    partitioned_tensors: int | None = None
+    persistent_tensors: int | None = None
+    params_total: int | None = None
+    local_param_elems: int | None = None
+    persistent_elems: int | None = None
+    largest_param_elems: int | None = None
+    shard_check_ok: bool | None = None
+    weights_checksum: float | None = None
+    trained_checksum: float | None = None  # the weights checksum after the same rows' steps (options.SAME_ROWS_STEPS)
+    gathered_tensors: int | None = None
+    held_fraction: dict | None = None
+    promised_fraction: dict | None = None
+    partition_check_ok: bool | None = None
     # memory, measured (accounting.measure.census, in the last step) and predicted
     model_state_breakdown: parts.Census | None = None  # on the device (GPU, or CPU without GPUs)
     host_state_breakdown: parts.Census | None = None  # in host memory, with offload on GPUs
-    predicted_breakdown: dict = None
-    predicted_model_state_bytes: float = None
-    predicted_host_state_bytes: float = None
-    deepspeed_estimate: dict = None
-    activation_estimate_bytes: float = None
-    step_transient_bytes: float = None
-    predicted_peak_bytes: float = None
-    differences: list = None
+    predicted_breakdown: dict | None = None
+    predicted_model_state_bytes: float | None = None
+    predicted_host_state_bytes: float | None = None
+    deepspeed_estimate: dict | None = None
+    activation_estimate_bytes: float | None = None
+    step_transient_bytes: float | None = None
+    predicted_peak_bytes: float | None = None
+    differences: list | None = None
     peak_mem_bytes: int = 0
     peak_reserved_bytes: int | None = None
     device_total_bytes: int | None = None
     host_peak_rss_bytes: int | None = None
     steps: list[parts.Step] = field(default_factory=list)  # training, per step
-    flops_per_token: float = None
-    peak_tflops: float = None  # the device's dense 16-bit peak, where known
+    flops_per_token: float | None = None
+    peak_tflops: float | None = None  # the device's dense 16-bit peak, where known
     # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
-    link_busbw: dict = None
+    link_busbw: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RankResult":
