@@ -123,6 +123,14 @@ def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
 ALIGNMENT = 2
 
 
+def in_partition(group: Sequence[int], world: int, rank: int) -> list[bool]:
+    """For each tensor of a flat group, in order, whether it overlaps this rank's 1/G of the group, padded to
+    ALIGNMENT elements a rank."""
+    part = math.ceil(sum(group) / (ALIGNMENT * world)) * ALIGNMENT
+    return [first < (rank + 1) * part and first + n > rank * part
+            for n, first in zip(group, itertools.accumulate(group, initial=0))]
+
+
 def whole_tensor_grad_elems(groups: Sequence[Sequence[int]], world: int, rank: int) -> int:
     """The gradient elements that DeepSpeed's stages 1 and 2 hold on a rank after backward. Both reduce the gradients
     during backward and keep, whole, those of the tensors that overlap this rank's 1/G of each flat group
@@ -130,12 +138,9 @@ def whole_tensor_grad_elems(groups: Sequence[Sequence[int]], world: int, rank: i
     no more, where the paper keeps every gradient. groups: each param group's tensor elements, in order."""
     held = 0
     for group in groups:
-        total = sum(group)
-        part = math.ceil(total / (ALIGNMENT * world)) * ALIGNMENT
-        start, end = rank * part, (rank + 1) * part
-        edges = itertools.accumulate(group, initial=0)
-        held += sum(n for n, first in zip(group, edges) if first < end and first + n > start)
-        held += max(0, end - max(total, start))  # the group's padding, in the last partitions
+        total, part = sum(group), math.ceil(sum(group) / (ALIGNMENT * world)) * ALIGNMENT
+        held += sum(n for n, mine in zip(group, in_partition(group, world, rank)) if mine)
+        held += max(0, (rank + 1) * part - max(total, rank * part))  # the group's padding, in the last partitions
     return held
 
 
@@ -164,9 +169,8 @@ def moved_grad_elems(groups: Sequence[Sequence[int]], world: int, rank: int, buc
     remove_grads: extra_large_param_to_reduce)."""
     moved = 0
     for group in groups:
-        part = math.ceil(sum(group) / (ALIGNMENT * world)) * ALIGNMENT
-        for n, first in zip(group, itertools.accumulate(group, initial=0)):
-            if first < (rank + 1) * part and first + n > rank * part:
+        for n, mine in zip(group, in_partition(group, world, rank)):
+            if mine:
                 return moved
             moved += n if n <= bucket else 0
     return moved
