@@ -463,10 +463,23 @@ def sigterm(tmp_path_factory):
     return run_sh_signalled(tmp_path_factory, "sigterm", lambda proc, _: proc.terminate(), "--stages", "3")
 
 
+def is_rank(proc, variable, rank):
+    try:
+        return "train_gpt.py" in " ".join(proc.cmdline()) and proc.environ().get(variable) == rank
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def rank_1(procs, variable):
+    """The one rank-1 process among procs. A child that rank 1 forks has its command line and variables until it
+    execs, so the rank is the match whose parent is none."""
+    ranks = [p for p in procs if is_rank(p, variable, "1")]
+    [rank1] = [p for p in ranks if p.ppid() not in {r.pid for r in ranks}]
+    return rank1
+
+
 def kill_rank_1(proc, results):
-    [rank1] = [p for p in run_processes(results) if "train_gpt.py" in " ".join(p.cmdline())
-               and p.environ().get("RANK") == "1"]
-    rank1.kill()
+    rank_1(run_processes(results), "RANK").kill()
 
 
 @shared

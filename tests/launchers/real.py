@@ -4,7 +4,6 @@ rendezvous agents. Each launch leaves its logs in a folder that report.py reads,
 behind: every one carries a marker in its environment (the deepspeed launcher's, through its DS_ENV_FILE)."""
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -118,10 +117,7 @@ def stage3_of(run_sh):
 
 def kill_rank_1(launcher):
     def act(marker):
-        variable = RANK_VARIABLE[launcher]
-        [rank1] = [p for p in conftest.run_processes(marker, "ZERO3_TEST_LAUNCH")
-                   if "train_gpt.py" in " ".join(p.cmdline()) and p.environ().get(variable) == "1"]
-        rank1.send_signal(signal.SIGKILL)
+        conftest.rank_1(conftest.run_processes(marker, "ZERO3_TEST_LAUNCH"), RANK_VARIABLE[launcher]).kill()
     return act
 
 
