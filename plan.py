@@ -76,7 +76,7 @@ class Model:
     final norm), of one block and of its embedding, its largest tensor."""
     name: str
     params: int
-    shape: GPTConfig = None
+    shape: GPTConfig | None = None
     root: int = 0
     block: float = 0
     embedding: int = 0

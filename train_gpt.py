@@ -126,9 +126,9 @@ def train(engine, run, tokens, device, r):
     Stop.phase = "done"
 
 
-def timed_step(engine, run, step, x, y, device, census):
-    """One step, timed apart from the census: where census is the rank's result, the model states are counted
-    after backward and after the optimizer step, outside the timed region. Returns the summed loss, whether
+def timed_step(engine, run, step, x, y, device, counts_into):
+    """One step, timed apart from the census: where counts_into is the rank's result, its model states are
+    counted after backward and after the optimizer step, outside the timed region. Returns the summed loss, whether
     any rank was signalled, and the seconds."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
@@ -139,7 +139,7 @@ def timed_step(engine, run, step, x, y, device, census):
     engine.backward(machine.loss_for_backward(engine, loss))
     sync()
     elapsed = time.perf_counter() - t0
-    counted = measure.model_states_now(engine, device, run.offload) if census else None
+    counted = measure.model_states_now(engine, device, run.offload) if counts_into else None
     if engine.lr_scheduler is None:  # a config's own scheduler sets the rate instead
         for group in engine.optimizer.param_groups:
             group["lr"] = learning_rate(step, run)
@@ -148,11 +148,11 @@ def timed_step(engine, run, step, x, y, device, census):
     engine.step()
     loss, signalled = all_reduced_loss(loss, device)
     sync()
-    if census:
-        census.model_state_breakdown, census.host_state_breakdown = (
+    if counts_into:
+        counts_into.model_state_breakdown, counts_into.host_state_breakdown = (
             measure.combined(a, b) if a else None
             for a, b in zip(counted, measure.model_states_now(engine, device, run.offload)))
-        census.gathered_tensors = measure.gathered_tensors(engine.module)
+        counts_into.gathered_tensors = measure.gathered_tensors(engine.module)
     return loss, signalled, elapsed + time.perf_counter() - t0
 
 

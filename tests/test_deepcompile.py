@@ -1,11 +1,11 @@
 """DeepCompile, DeepSpeed's compiler for ZeRO-3, as ds_config_stage3_deepcompile.json turns it on: it implies
 --compile, needs GPUs, is timed only after the step at which it compiles again, and is held to the same losses
 as the eager runs. Its ops build against CUDA, so on a CPU these tests plant its records in a real run's logs."""
+import argparse
 import dataclasses
 import json
 import shutil
 import statistics
-from types import SimpleNamespace
 
 import deepspeed.compile.init_z3
 import pytest
@@ -29,7 +29,7 @@ def test_deepcompile_is_refused_without_gpus_in_one_line(check):
 
 
 def deepcompile_args(steps, stage=3):
-    args = SimpleNamespace(steps=steps, stage=stage, compile=False)
+    args = argparse.Namespace(steps=steps, stage=stage, compile=False)
     options.deepcompile({"compile": {"deepcompile": True}}, args, on_gpu=True, where=" c.json")
     return args
 

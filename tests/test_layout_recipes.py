@@ -3,7 +3,6 @@ criterion and a new measured figure show in the report's output and in summary.j
 import json
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import pytest
 
@@ -20,7 +19,7 @@ HEALTHY = ROOT / "benchmarks" / "logs" / "cpu" / "20261201-132528-s0xf"
 @dataclass(frozen=True)
 class Gathered:
     """The recipe's figures: the partitioned tensors stage 3 still holds gathered after backward."""
-    gathered: Optional[int]  # None where no rank counted them
+    gathered: int | None  # None where no rank counted them
 
 
 def no_rank_gathered(dense, zero3) -> tuple[str, Gathered]:
@@ -36,7 +35,7 @@ def say_no_rank_gathered(f: Gathered) -> str:
 @dataclass
 class BuiltResult(result.RankResult):
     """RankResult with the recipe's field, as step 2 would add it."""
-    build_s: float = None  # seconds to build the model on this rank
+    build_s: float | None = None  # seconds to build the model on this rank
 
 
 def reported(folder, capsys) -> tuple[int, str, dict]:

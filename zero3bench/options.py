@@ -340,7 +340,7 @@ def how_read(args: argparse.Namespace, world: int, section: dict[str, Any] | Non
             f"config {args.config}")
 
 
-def first_timed_step(deepcompile: bool, stage: int) -> int:
+def first_timed_step(deepcompile: bool, stage: int | None) -> int:
     """Step 1 pays for allocations, kernel selection and ZeRO-3's first trace. DeepCompile at stage 3 compiles at
     step 1 and again at DEEPCOMPILE_RECOMPILE_STEP, once it has profiled the first steps. The options check --steps
     against it and RankResult times from it; the verdict does not ask it, so it is the options', not reporting's."""

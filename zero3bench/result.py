@@ -87,7 +87,7 @@ class RankResult:
     step_transient_bytes: float | None = None
     predicted_peak_bytes: float | None = None
     differences: list | None = None
-    peak_mem_bytes: int = 0
+    peak_mem_bytes: int | None = 0
     peak_reserved_bytes: int | None = None
     device_total_bytes: int | None = None
     host_peak_rss_bytes: int | None = None

@@ -42,7 +42,7 @@ def estimator_gap(r: RankResult) -> list[str]:
             f"measured: " + ("it adds " + " and ".join(adds) if adds else "no known cause")]
 
 
-def state_gaps(r: RankResult, held: dict[str, int]) -> list[str]:
+def state_gaps(r: RankResult, held: dict[str, float]) -> list[str]:
     """The kinds of model state that make a difference of more than EXPLAIN_BEYOND from the paper."""
     predicted = r.predicted_breakdown
     total = sum(predicted.values())
@@ -81,7 +81,7 @@ def peak_gap(r: RankResult) -> list[str]:
             f"{size(r.step_transient_bytes)}){prefetch_cause(r)}"]
 
 
-def differences(r: RankResult, held: dict[str, int]) -> list[str]:
+def differences(r: RankResult, held: dict[str, float]) -> list[str]:
     """Where the measured memory departs from theory by more than EXPLAIN_BEYOND, in words. held: this rank's
     model states by kind, on the device and in host memory together."""
     return estimator_gap(r) + state_gaps(r, held) + peak_gap(r)

@@ -161,7 +161,8 @@ def census(engine: DeepSpeedEngine | fsdp2.Engine, device_type: str) -> parts.Ce
         "grads": [local(p.grad) for p in params if p.grad is not None] + partitioned_gradients(engine.optimizer),
         # the optimizer's own parameters; ZeRO-3 lends them to its param_groups only during step()
         "master": [local(p) for group in opt.param_groups for p in group["params"]] + list(map(local, opt.state)),
-        "moments": [local(t) for state in opt.state.values() for t in state.values()],
+        # an optimizer may keep its step count as a number (DeepSpeedCPUAdam), which holds no storage
+        "moments": [local(t) for state in opt.state.values() for t in state.values() if torch.is_tensor(t)],
     }
     gc.collect()
     with warnings.catch_warnings():  # looking at every object touches deprecated torch attributes

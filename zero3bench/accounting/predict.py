@@ -23,7 +23,7 @@ def partitioned(stage: int, kind: str) -> bool:
     return PARTITIONED_AS[kind] in PARTITIONS[stage]
 
 
-def model_states(stage: int, dtype: str, full: int, shard: float, persistent: int = 0,
+def model_states(stage: int, dtype: str, full: float, shard: float, persistent: int = 0,
                  engine: str = "deepspeed", grads: float | None = None) -> dict[str, float]:
     """The paper's model states of one rank by kind, for mixed-precision Adam: 16-bit weights and gradients (2 + 2 bytes
     per parameter) and K = 12 for fp32 master weights, momentum and variance, each whole or partitioned as PARTITIONS
@@ -44,7 +44,7 @@ def model_states(stage: int, dtype: str, full: int, shard: float, persistent: in
     return {kind: per_element[kind] * held[kind] for kind in KINDS}
 
 
-def shard_elems(stage: int, total: int, local: int, world: int) -> float:
+def shard_elems(stage: int, total: float, local: float, world: int) -> float:
     """This rank's partition: its own shards at stage 3 (counted, with padding), 1/G of the one flat buffer
     that stages 1 and 2 split, every element at stage 0."""
     return local if shards_params(stage) else total / world if splits_one_buffer(stage) else total

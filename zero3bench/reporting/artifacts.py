@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from zero3bench.formatting import gib, rank_table
+from zero3bench.formatting import QuietWhenClosed, gib, rank_table
 from zero3bench.result import as_dict
 
 from .figures import Check
@@ -227,7 +227,7 @@ class Copied(io.TextIOBase):
     """The terminal's output, kept as it is shown. A terminal that is gone (`bash run.sh | head`) stops
     nothing: its later lines go to /dev/null, and the copy keeps them."""
 
-    def __init__(self, terminal: TextIO) -> None:
+    def __init__(self, terminal: TextIO | QuietWhenClosed) -> None:
         self.terminal, self.text = terminal, io.StringIO()
 
     def write(self, text: str) -> int:

@@ -31,8 +31,8 @@ def largest_gap(a: list[float], b: list[float]) -> float:
 
 def loss_gaps(a: RankResult, b: RankResult) -> tuple[float, float, bool]:
     """How far run b's losses are from run a's: at step 1, at any step, and whether both are within bounds."""
-    a, b = a.trained_losses or [], b.trained_losses or []
-    step1, anywhere = largest_gap(a[:1], b[:1]), largest_gap(a, b)
+    la, lb = a.trained_losses or [], b.trained_losses or []
+    step1, anywhere = largest_gap(la[:1], lb[:1]), largest_gap(la, lb)
     return step1, anywhere, step1 <= FIRST_LOSS_RTOL and anywhere <= LOSS_RTOL
 
 

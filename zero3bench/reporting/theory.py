@@ -31,7 +31,7 @@ def predicted_peak(r: RankResult) -> float | None:
         return None
     zero = r.zero_config or UNRECORDED
     return predict.rank_memory(run.stage, run.engine, run.dtype, r.world_size, shape.params, zero, shape,
-                               micro_batch=run.micro_batch, seq=run.seq, checkpoint=run.checkpoint,
+                               micro_batch=run.micro_batch, seq=run.seq, checkpoint=bool(run.checkpoint),
                                loss_chunk=LOSS_CHUNK, offload=run.offload or predict.NO_OFFLOAD,
                                flash=predict.uses_flash(on_gpu, run.dtype),
                                on_gpu=on_gpu, deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM,
