@@ -24,7 +24,7 @@ import psutil
 import torch
 from deepspeed import comm as dist
 
-from zero3bench import compat, fsdp2, machine, options, parts, result, stages
+from zero3bench import compat, fsdp2, machine, options, parts, rank_lines, result, stages
 from zero3bench.inputs import prediction_line, resolve
 from zero3bench.accounting import comms, measure
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
@@ -116,7 +116,7 @@ def train(engine, run, tokens, device, r):
         r.steps.append(s)
         if s.applied and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
             r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device)  # what (c) compares
-        log(r.rank, result.step_line(r, s))
+        log(r.rank, rank_lines.step_line(r, s))
         Stop.signalled = signalled
         Stop.reason = f"interrupted by {Stop.interrupted_by(True)}" if signalled else diverged(s.loss, r.first_loss)
         if Stop.reason or r.applied_steps == run.steps_planned:

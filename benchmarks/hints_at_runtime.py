@@ -25,11 +25,70 @@ def record(exc: Exception, memo: object) -> None:
         log.write(f"{where}\t{' '.join(str(exc).split())}\t{os.environ.get('PYTEST_CURRENT_TEST', '')}\n")
 
 
+def checked_fields(cls: type) -> None:
+    """A dataclass whose fields are checked against their hints when it is made and whenever one is set: typeguard
+    instruments the functions in the source, not the __init__ that dataclasses writes."""
+    import dataclasses
+    import typing
+
+    from typeguard import TypeCheckError, check_type
+    module = sys.modules[cls.__module__]
+    hints = {}
+    for f in dataclasses.fields(cls):
+        try:
+            hints[f.name] = typing.get_type_hints(cls, vars(module))[f.name]
+        except (NameError, TypeError):
+            pass  # a hint that names what exists only for a type checker
+
+    def check(self: object, name: str, value: object) -> None:
+        if name in hints:
+            try:
+                check_type(value, hints[name])
+            except TypeCheckError as e:
+                record(TypeCheckError(f"field {cls.__name__}.{name} ({type(value).__name__}) {e}"), None)
+    made, setattr_ = cls.__init__, cls.__setattr__
+
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
+        made(self, *args, **kwargs)
+        for name in hints:
+            check(self, name, getattr(self, name))
+
+    def __setattr__(self: object, name: str, value: object) -> None:
+        setattr_(self, name, value)
+        check(self, name, value)
+    cls.__init__ = __init__
+    if not cls.__dataclass_params__.frozen:
+        cls.__setattr__ = __setattr__
+
+
+class CheckedFields:
+    """An import finder that hands each module of zero3bench's dataclasses to checked_fields once it has run."""
+
+    def find_spec(self, name: str, path: object, target: object = None) -> object:
+        import dataclasses
+        if not name.startswith("zero3bench"):
+            return None
+        spec = next((found for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec")
+                     and (found := finder.find_spec(name, path, target))), None)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: object) -> None:
+            run(module)
+            for cls in list(vars(module).values()):
+                if dataclasses.is_dataclass(cls) and isinstance(cls, type) and cls.__module__ == name:
+                    checked_fields(cls)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def install_hook() -> None:
     from typeguard import CollectionCheckStrategy, config, install_import_hook
     config.collection_check_strategy = CollectionCheckStrategy.ALL_ITEMS
     config.typecheck_fail_callback = record
     install_import_hook(["zero3bench"])
+    sys.meta_path.insert(0, CheckedFields())
 
 
 def summary(log: Path) -> str:

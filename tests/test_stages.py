@@ -3,7 +3,7 @@ that only stage 3 can fit."""
 import pytest
 
 import report
-from zero3bench import result
+from zero3bench import rank_lines, result
 from zero3bench.reporting import reading
 from conftest import planted
 
@@ -85,7 +85,7 @@ def test_a_gpu_rank_that_offloads_every_model_state_is_reported_without_a_divisi
     cpu = other_stages.runs["stage3_infinity"][0]
     r = dict(cpu, mem_kind="cuda", predicted_model_state_bytes=0, host_state_breakdown=cpu["model_state_breakdown"],
              host_state_bytes=cpu["model_state_bytes"], predicted_host_state_bytes=cpu["predicted_model_state_bytes"])
-    lines = "\n".join(result.human_lines(result.RankResult.from_dict(r)))
+    lines = "\n".join(rank_lines.human_lines(result.RankResult.from_dict(r)))
     assert "vs ZeRO prediction 0.0 MiB (-)" in lines and "host (CPU) model states" in lines
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import report
-from zero3bench import parts, result
+from zero3bench import parts, rank_lines, result
 from zero3bench.reporting import defects, reading, theory, verdict
 from conftest import ROOT, facts, free_port, planted, record, run, shared
 
@@ -170,9 +170,9 @@ def test_the_step_line_says_a_step_was_skipped_with_its_loss_scale():
     r = record(**facts(3))
     r.steps = [parts.Step(step=1, loss=11.098, lr=1e-5, applied=False, loss_scale=32768.0, time_s=1.0,
                           peak_mem_bytes=GIB)]
-    assert "loss scale 32768  SKIPPED: overflow" in result.step_line(r, r.steps[0])
+    assert "loss scale 32768  SKIPPED: overflow" in rank_lines.step_line(r, r.steps[0])
     r.steps.append(dataclasses.replace(r.steps[0], step=2, applied=True))
-    assert result.step_line(r, r.steps[1]).endswith("loss scale 32768  applied 1 of 3")
+    assert rank_lines.step_line(r, r.steps[1]).endswith("loss scale 32768  applied 1 of 3")
 
 
 def test_the_progress_line_counts_applied_and_skipped_steps():

@@ -11,10 +11,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from zero3bench import options, parts
+from zero3bench import options, parts, rank_lines
 from zero3bench.accounting import explain, predict, shapes, traffic
 from zero3bench.exits import EXIT, SIGNALS
-from zero3bench.formatting import fmt, gib, pct, relative_error, size
 
 PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
@@ -94,8 +93,9 @@ class RankResult:
     steps: list[parts.Step] = field(default_factory=list)  # training, per step
     flops_per_token: float | None = None
     peak_tflops: float | None = None  # the device's dense 16-bit peak, where known
-    # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve)
-    link_busbw: dict | None = None
+    # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve); logs from before
+    # the curve hold its one figure, at 256 MiB
+    link_busbw: dict[str, float] | float | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RankResult":
@@ -320,81 +320,8 @@ def result_line(r: RankResult) -> str:
     return "RESULT " + json.dumps(as_dict(r))
 
 
-def step_line(r: RankResult, s: parts.Step) -> str:
-    """One step as the terminal shows it as it runs; once one is skipped, how many of --steps were applied."""
-    tflops = r.tflops_at(s.time_s)
-    skipped = ("  SKIPPED: overflow, weights not updated" if not s.applied else
-               f"  applied {r.applied_steps} of {r.run.steps_planned}" if r.skipped_steps else "")
-    scale = f"  loss scale {s.loss_scale:g}{skipped}" if s.loss_scale is not None else skipped
-    return (f"step {s.step}/{r.run.steps_planned}  loss {s.loss:.4f}  lr {s.lr:.2e}  time {s.time_s:.3f}s  "
-            f"mem {gib(s.peak_mem_bytes):.2f} GiB  tok/s {r.tokens_per_step() / s.time_s:,.0f}  "
-            f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}{scale}")
-
-
-def kinds_text(census: parts.Census) -> str:
-    return ", ".join(f"{kind} {size(census.kind(kind))}" for kind in predict.KINDS)
-
-
-def partition_lines(tag: str, r: RankResult) -> list[str]:
-    return [f"{tag} - total param tensors: {r.param_tensors}, sharded param tensors: {r.partitioned_tensors}, "
-            f"persistent: {r.persistent_tensors}, local elements: {r.local_param_elems:,} of "
-            f"{r.params_total:,}, shard sizes: {'ok' if r.shard_check_ok else 'WRONG'}"]
-
-
-def memory_lines(tag: str, r: RankResult) -> list[str]:
-    lines = [f"{tag} model states: {size(r.model_state_bytes)} ({kinds_text(r.model_state_breakdown)}) vs ZeRO "
-             f"prediction {size(r.predicted_model_state_bytes)} "
-             f"({fmt(relative_error(r.model_state_bytes, r.predicted_model_state_bytes), '+.1%')}); other tensors "
-             f"{size(r.model_state_breakdown.other)}; partitioned parameters still gathered after backward: "
-             f"{r.gathered_tensors}"]
-    if r.host_state_breakdown:
-        lines.append(f"{tag} host (CPU) model states: {size(r.host_state_bytes)} "
-                     f"({kinds_text(r.host_state_breakdown)}) vs prediction {size(r.predicted_host_state_bytes)}; "
-                     f"other host tensors {size(r.host_state_breakdown.other)}")
-    held, promised = r.held_fraction, r.promised_fraction
-    lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
-        f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +
-        f": {'as' if r.partition_check_ok else 'NOT as'} stage {r.run.stage} promises")
-    estimate = r.deepspeed_estimate
-    if estimate:
-        lines.append(f"{tag} DeepSpeed's estimator: {size(estimate['device'])} per device, "
-                     f"{size(estimate['host_per_node'])} per node")
-    peak = f"; the peak at {size(r.predicted_peak_bytes)}" if r.mem_kind == "cuda" else ""
-    lines.append(f"{tag} estimated: activations {size(r.activation_estimate_bytes)}, the optimizer step's fp32 "
-                 f"gradients {size(r.step_transient_bytes)}{peak}")
-    return lines + [f"{tag} difference: {d}" for d in r.differences]
-
-
-def human_lines(r: RankResult) -> list[str]:
-    """What one rank holds, in words; a rank that failed early has fewer figures."""
-    tag = f"[Stage {r.run.stage}] Rank {r.rank}"
-    lines = partition_lines(tag, r) if r.param_tensors is not None else []
-    lines += memory_lines(tag, r) if r.model_state_bytes is not None else []
-    if r.rank == 0 and r.losses:
-        lines.append(f"[Stage {r.run.stage}] first-step loss: {r.first_loss:.4f}; losses: "
-                     + ", ".join(f"{x:.4f}" for x in r.losses))
-    if r.mem_kind == "cuda":
-        extra = (f"peak allocated; reserved {gib(r.peak_reserved_bytes or 0):.2f}, after init "
-                 f"{gib(r.mem_after_init_bytes or 0):.2f}, device "
-                 f"{gib(r.device_total_bytes or 0):.1f} GiB")
-    else:
-        extra = "peak RSS of the process"
-    lines.append(f"{tag} peak memory: {gib(r.peak_mem_bytes):.2f} GiB ({extra})")
-    if r.oom:
-        lines.append(f"{tag} OUT OF MEMORY: {r.error}")
-    elif r.error:
-        lines.append(f"{tag} FAILED: {r.error}")
-    if r.nonfinite_loss:
-        lines.append(f"{tag} WARNING: the loss is not finite: {r.losses}")
-    if r.diverged:
-        lines.append(f"{tag} DIVERGED: {r.diverged}")
-    if r.interrupted_by:
-        lines.append(f"{tag} INTERRUPTED by {r.interrupted_by} after {len(r.steps)} step(s)")
-    return lines
-
-
 def emit(results: list[RankResult]) -> None:
     """The ranks' human lines and RESULT lines, in one write so that ranks sharing a log don't interleave."""
-    lines = [line for r in results for line in (*human_lines(r), result_line(r))]
+    lines = [line for r in results for line in (*rank_lines.human_lines(r), result_line(r))]
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 from zero3bench import parts
 from zero3bench.exits import EXIT, SIGNALS
@@ -25,26 +25,26 @@ Results = list[RankResult]  # a run: its ranks' results
 Runs = dict[str, Results]  # a folder's runs, by log name
 
 
-# Kinds a field takes on a RESULT line beyond its own: a typed part's record; logs from before the link's curve
-# hold its one figure
-OLDER_KINDS = {"link_busbw": (dict, int, float), **dict.fromkeys(parts.ONE, dict)}
+# A typed part's field holds its record on a RESULT line
+LINE_KINDS = dict.fromkeys(parts.ONE, (dict,))
 
 
-def held_type(hint: Any) -> Any:
-    """The type of a field's value where it holds one: X for X | None (a run's setting that a log may lack, a
-    part that a rank may not have measured)."""
-    kinds = [kind for kind in get_args(hint) if kind is not NoneType]
-    return kinds[0] if isinstance(hint, UnionType) and len(kinds) == 1 else hint
+def held_types(hint: Any) -> tuple[type, ...] | None:
+    """The classes of a field's value where it holds one: X for X | None (a run's setting that a log may lack, a
+    part that a rank may not have measured), X and Y for X | Y | None, an int too where a float is; None for a
+    hint that names no class (Any)."""
+    kinds = [get_origin(kind) or kind for kind in (get_args(hint) if isinstance(hint, UnionType) else (hint,))
+             if kind is not NoneType]
+    return (*kinds, *([int] if float in kinds else [])) if all(isinstance(k, type) for k in kinds) else None
 
 
 def mistyped(d: dict[str, Any]) -> bool:
     """Whether a RESULT record holds a value of another kind than its field's (a number in quotes, steps that are
     not a list of records), which every reader after this one would trip on."""
     for f in LINE_FIELDS:
-        declared = held_type(f.type)
-        value, kind = d.get(f.name), OLDER_KINDS.get(f.name, (int, float) if declared is float else declared)
-        if value is not None and isinstance(declared, type) and (
-                not isinstance(value, kind) or isinstance(value, bool) and declared is not bool):
+        value, kinds = d.get(f.name), LINE_KINDS.get(f.name) or held_types(f.type)
+        if value is not None and kinds and (
+                not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
             return True
     return not all(isinstance(s, dict) for s in d.get("steps") or [])
 
