@@ -74,21 +74,33 @@ def test_unpaired_runs_name_every_pair_criterion(monkeypatch):
     assert verdict.pair_labels() == "(a), (b), (c), (f)"
 
 
+def with_build_s(monkeypatch) -> None:
+    """Steps 2 and 3 of the recipe for a new measured figure: a field of RankResult, a row of COMPARISON."""
+    monkeypatch.setattr(result, "RankResult", BuiltResult)
+    monkeypatch.setattr(reading, "RankResult", BuiltResult)
+    monkeypatch.setattr(result, "FIELDS", result.FIELDS | {"build_s"})  # as the module computes it at import
+    row = tables.Row("build_s", "build s", lambda rs: most(r.build_s for r in rs), ".1f", tables.FASTER[::-1],
+                     optional=True, speed=True)
+    monkeypatch.setattr(tables, "COMPARISON", [*tables.COMPARISON, row])
+
+
 def test_a_new_measured_figure_is_its_field_and_one_row(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RUN_COMMAND", raising=False)
     # 1. measured: every rank's RESULT line carries it, as train_gpt.py would print it
     folder = planted(planted(HEALTHY, tmp_path, "stage3", lambda r: {**r, "build_s": 2.5}), tmp_path, "stage0",
                      lambda r: {**r, "build_s": 1.5})
-    # 2. a field of RankResult
-    monkeypatch.setattr(result, "RankResult", BuiltResult)
-    monkeypatch.setattr(reading, "RankResult", BuiltResult)
-    monkeypatch.setattr(result, "FIELDS", result.FIELDS | {"build_s"})
-    # 3. a row of COMPARISON
-    row = tables.Row("build_s", "build s", lambda rs: most(r.build_s for r in rs), ".1f", tables.FASTER[::-1],
-                     speed=True)
-    monkeypatch.setattr(tables, "COMPARISON", [*tables.COMPARISON, row])
+    with_build_s(monkeypatch)
     status, out, record = reported(folder, capsys)
     assert status == 0
     # a time, so marked as no measure of speed on CPU processes
     assert re.search(r"^build s \*\s+1\.5\s+2\.5\s", out, re.MULTILINE), out
     assert [r["build_s"] for name in ("stage0", "stage3") for r in record["results"][name]] == [1.5, 1.5, 2.5, 2.5]
+
+
+def test_a_new_measured_figure_leaves_the_reports_of_older_logs_as_they_were(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RUN_COMMAND", raising=False)
+    folder = planted(HEALTHY, tmp_path, "stage3", lambda r: r)  # a copy: --write writes into it
+    _, before, _ = reported(folder, capsys)
+    with_build_s(monkeypatch)
+    _, after, _ = reported(folder, capsys)
+    assert after == before and "build s" not in after

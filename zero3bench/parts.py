@@ -20,6 +20,11 @@ class Part:
         known = [key for key in d if key in {f.name for f in fields(cls)} - {"recorded"}]
         return cls(**{key: d[key] for key in known}, recorded=tuple(known))
 
+    @classmethod
+    def made(cls, **values: Any) -> Self:
+        """A part made here that records the keys given alone, in their order; a key it lacks raises TypeError."""
+        return cls(**values, recorded=tuple(values))
+
     def as_dict(self) -> dict[str, Any]:
         keys = [f.name for f in fields(self) if f.name != "recorded"] if self.recorded is None else self.recorded
         return {key: getattr(self, key) for key in keys}

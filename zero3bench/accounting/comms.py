@@ -116,15 +116,15 @@ def kernel_seconds(prof: torch.profiler.profile) -> dict[str, float | None]:
 
 @contextlib.contextmanager
 def step(device: torch.device, profiled: bool) -> Iterator[dict[str, Any]]:
-    """Counts the collectives of one training step into the dict it yields, as the record of its step holds them
-    (parts.Step.from_dict reads it), as "comm", and where profiled on a GPU, times NCCL's kernels, as "comm_s"."""
+    """Counts the collectives of one training step into the dict it yields, as the fields of its parts.Step: by
+    kind as "comm", and where profiled on a GPU, NCCL's kernels' seconds as "comm_s"."""
     found: dict[str, Any] = {}
     prof = profiler(device) if profiled else None
     COUNTER.take()
     with prof or contextlib.nullcontext():
         yield found
     taken = COUNTER.take()
-    found.update(comm={kind: c.as_dict() for kind, c in taken.items()}, comm_s=kernel_seconds(prof) if prof else None)
+    found.update(comm=taken, comm_s=kernel_seconds(prof) if prof else None)
 
 
 # The sizes at which the link is probed, as nccl-tests' `-b 1M -e 1G -f 2`: an all-gather's gathered bytes

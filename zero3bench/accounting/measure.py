@@ -204,7 +204,7 @@ def memory_snapshot(device: torch.device) -> parts.MemorySnapshot:
     size, which is the host memory that offload costs (on a CPU, the only memory, and the only key it records)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if device.type != "cuda":
-        return parts.MemorySnapshot(peak_mem_bytes=rss, recorded=("peak_mem_bytes",))
+        return parts.MemorySnapshot.made(peak_mem_bytes=rss)
     return parts.MemorySnapshot(peak_mem_bytes=torch.cuda.max_memory_allocated(device),
                                 allocated_bytes=torch.cuda.memory_allocated(device),
                                 peak_reserved_bytes=torch.cuda.max_memory_reserved(device), host_peak_rss_bytes=rss,

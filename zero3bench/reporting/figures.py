@@ -71,7 +71,7 @@ class Loss:
 @dataclass(frozen=True)
 class Promises:
     """(d): the share of parameters, gradients and optimizer states each run holds."""
-    held: dict  # {run: [params, grads, optimizer] fractions held, or None where it ran out of memory}
+    held: dict  # {run: {params, grads, optimizer: the fraction held}, or None where it ran out of memory}
     broken: list  # the runs that failed or hold more than promised, in words
 
 

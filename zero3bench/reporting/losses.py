@@ -4,7 +4,7 @@ distances between two runs' losses and weights, which (e) reads too.
 """
 import math
 from dataclasses import replace
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from zero3bench import options
 from zero3bench.accounting.shapes import PRESETS
@@ -29,11 +29,18 @@ def largest_gap(a: list[float], b: list[float]) -> float:
     return max(gaps, default=0.0) if all(map(math.isfinite, gaps)) else math.inf
 
 
-def loss_gaps(a: RankResult, b: RankResult) -> tuple[float, float, bool]:
-    """How far run b's losses are from run a's: at step 1, at any step, and whether both are within bounds."""
+class LossGaps(NamedTuple):
+    """How far one run's losses are from another's, relative."""
+    step1: float  # at the first step
+    anywhere: float  # the most at any step
+    same: bool  # both within bounds
+
+
+def loss_gaps(a: RankResult, b: RankResult) -> LossGaps:
+    """How far run b's losses are from run a's."""
     la, lb = a.trained_losses or [], b.trained_losses or []
     step1, anywhere = largest_gap(la[:1], lb[:1]), largest_gap(la, lb)
-    return step1, anywhere, step1 <= FIRST_LOSS_RTOL and anywhere <= LOSS_RTOL
+    return LossGaps(step1, anywhere, step1 <= FIRST_LOSS_RTOL and anywhere <= LOSS_RTOL)
 
 
 def weights_apart(a: RankResult, b: RankResult) -> float | None:

@@ -10,10 +10,10 @@ from zero3bench.result import RankResult, line_value
 from zero3bench.stages import ZERO3
 
 from .bounds import SAME_COMPILED_OR_NOT
+from .losses import loss_gaps
 from .reading import (Results, Runs, failed, first, most, offloads, pairs, peer, plain, reference_rank,
                       speed_not_measured, status)
 from .theory import predicted_host_peak
-from .verdict import loss_gaps
 
 # The directions of a ratio, as words: what the second run's figure is when it is below the first's, and above.
 SMALLER, FASTER, LOWER = ("less", "more"), ("slower", "faster"), ("lower", "higher")
@@ -187,10 +187,10 @@ def peer_line(zero3: Results | None, label: str, rs: Results, name: str) -> str:
     a, b = zero3[0], rs[0]
     volume = (f", communication {a.comm_volume:.2f} against {b.comm_volume:.2f} x the parameters per step"
               if a.comm_volume and b.comm_volume else "")
-    step1, anywhere, same = loss_gaps(a, b)
-    losses = (f"the losses agree to {anywhere:.2%} at every step" if same else
-              f"the losses DIFFER, by {step1:.3%} at step 1 and up to {anywhere:.2%}: the two do not train the "
-              "same model")
+    gaps = loss_gaps(a, b)
+    losses = (f"the losses agree to {gaps.anywhere:.2%} at every step" if gaps.same else
+              f"the losses DIFFER, by {gaps.step1:.3%} at step 1 and up to {gaps.anywhere:.2%}: the two do not train "
+              "the same model")
     unmeasured = speed_not_measured({label: zero3, name: rs})
     speed = (f"speed not compared ({unmeasured})" if unmeasured else
              f"{ratio(b.tokens_per_s, a.tokens_per_s, FASTER)} in tokens/s" if a.tokens_per_s else "not timed")

@@ -156,7 +156,7 @@ def say_memory(f: Memory) -> str:
 def promises(runs: Runs) -> Optional[tuple[str, Promises]]:
     """Every run finished, or ran out of memory (a result too), and its ranks hold the share of parameters,
     gradients and optimizer states that their stage promises (result.add_shares)."""
-    held: dict[str, list[float] | None] = {}
+    held: dict[str, dict[str, float] | None] = {}
     broken: list[str] = []
     for name, rs in runs.items():
         if oom(rs):
@@ -164,7 +164,7 @@ def promises(runs: Runs) -> Optional[tuple[str, Promises]]:
         elif failed(rs):
             broken.append(f"{name} {status(rs)}")
         elif all(r.partition_check_ok is not None for r in rs):
-            held[name] = list(rs[0].held_fraction.values())
+            held[name] = dict(rs[0].held_fraction)
             broken += [] if all(r.partition_check_ok for r in rs) else [f"{name} not as promised"]
     if not broken and not any(r.partition_check_ok is not None for rs in runs.values() for r in rs):
         return None  # logs from before the shares were measured
@@ -172,8 +172,8 @@ def promises(runs: Runs) -> Optional[tuple[str, Promises]]:
 
 
 def say_promises(f: Promises) -> str:
-    held = ", ".join(f"{name} out of memory" if shares is None else f"{name} " + "/".join(f"{v:.0%}" for v in shares)
-                     for name, shares in f.held.items())
+    held = ", ".join(f"{name} out of memory" if shares is None
+                     else f"{name} " + "/".join(f"{v:.0%}" for v in shares.values()) for name, shares in f.held.items())
     return (f"share held of params/grads/optimizer states: {held}"
             + ("; FAILED: " + ", ".join(f.broken) if f.broken else ""))
 
