@@ -13,10 +13,11 @@ SNAPSHOT = Path(__file__).with_name("reports.json")
 
 
 def results_folders():
-    """Every folder under benchmarks/logs whose logs hold a RESULT line, relative to the project's root."""
+    """Every folder under benchmarks/logs that holds a run's log (a stage's, or one with a RESULT line: a run
+    that died before its RESULT is a result too), relative to the project's root."""
     logs = ROOT / "benchmarks" / "logs"
     return sorted({p.parent.relative_to(ROOT) for p in logs.glob("**/*.log")
-                   if "RESULT {" in p.read_text(errors="replace")})
+                   if p.name.startswith("stage") or "RESULT {" in p.read_text(errors="replace")})
 
 
 def reported(folder):
