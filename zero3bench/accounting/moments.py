@@ -40,13 +40,15 @@ def reduction_copies(width: int, world: int, zero: dict[str, Any], params: int) 
 
 
 def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], params: int,
-                  activations: float) -> float:
-    """Stage 3's reduction of its first full gradient bucket in backward (reduction_copies), with the activations
-    of the backward not yet run then. The original design's 5e8 made its stage 3's peak (28-suite-matrix/4-trace)."""
+                  blocks: float, embedding: float) -> float:
+    """Stage 3's reduction of its first full gradient bucket in backward (reduction_copies), after the output
+    layer's backward: the blocks' activations not yet run then (blocks: all of them), and the tied embedding's
+    whole gradient (embedding: its elements), which the output layer made and which is reduced only after the
+    embedding's own. The original design's 5e8 made its stage 3's peak (28-suite-matrix/4-trace)."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1):
         return 0
     bucket = min(zero_setting(zero, "reduce_bucket_size"), params)
-    return reduction_copies(width, world, zero, params) + activations * (1 - bucket / params)
+    return reduction_copies(width, world, zero, params) + blocks * (1 - bucket / params) + width * embedding
 
 
 def prefetched_twelfths(prefetch: float, d_model: int) -> float:

@@ -126,6 +126,15 @@ def activation_bytes(shape: "GPTConfig", dtype: str, micro_batch: int, seq: int,
     return shape.layers * block + output
 
 
+def blocks_backward_bytes(shape: "GPTConfig", dtype: str, micro_batch: int, seq: int, checkpoint: bool,
+                          flash: bool) -> int:
+    """The activations when the blocks' backward starts, the output layer's done: every block's saved tensors, or
+    with checkpointing each block's input and the last block recomputed."""
+    width, tokens = WIDTH[dtype], micro_batch * seq
+    block = block_activation_bytes(shape, width, tokens, seq, flash)
+    return shape.layers * width * tokens * shape.d_model + block if checkpoint else shape.layers * block
+
+
 DEEPSPEED_ADAM = "deepspeed.FusedAdam"  # measure.optimizer_name of DeepSpeed's own Adam (a config's optimizer section)
 
 
@@ -257,7 +266,8 @@ def peak_bytes(m: dict[str, Any]) -> float:
       activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
     - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights gathered,
       and the first block's activations, whose backward comes last;
-    - stage 3's reduction of its first full bucket in backward, with the weights gathered (scatter_bytes);
+    - stage 3's reduction of its first full bucket in backward, after the output layer's, with the weights gathered
+      (scatter_bytes);
     - stage 3's backward with checkpointing where the prefetch holds the most ahead (prefetch_bytes);
     - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
     - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
@@ -330,7 +340,8 @@ def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, ze
          "saved_weights": saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0, block,
                                               checkpoint, zero),
          "activations": activations, "last_block": last_block,
-         "scatter": scatter_bytes(stage, engine, width, world, zero, params, activations),
+         "scatter": scatter_bytes(stage, engine, width, world, zero, params, blocks_backward_bytes(
+             shape, dtype, micro_batch, seq, checkpoint, flash) if shape else 0, embedding),
          "prefetched": prefetch_bytes(stage, engine, width, world, zero, shape, params, checkpoint, micro_batch * seq,
                                       last_block, activations) if shape else 0,
          "regathered": regathered_bytes(stage, engine, width, params, world, rehearsed),
