@@ -33,3 +33,23 @@ def test_stage_numbers_are_compared_only_in_stages_py(path):
     compared = [f"{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1)
                 if STAGE_LITERAL.search(line.split("#")[0])]
     assert compared == []
+
+
+def untyped(tree: ast.AST) -> list[str]:
+    """The public functions of a module that leave an argument or their return without a hint."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            args = [*node.args.args, *node.args.kwonlyargs, *filter(None, (node.args.vararg, node.args.kwarg))]
+            bare = [a.arg for a in args if a.annotation is None and a.arg not in ("self", "cls")]
+            found += [f"{node.name}: {', '.join(bare) or 'return'}"] if bare or node.returns is None else []
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("zero3bench/**/*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_public_function_of_the_package_is_typed(path):
+    assert untyped(ast.parse(path.read_text())) == []
+
+
+def test_a_function_without_a_hint_is_found():
+    assert untyped(ast.parse("def f(a: int, b): pass\ndef g(a: int): pass\ndef _h(a): pass")) == ["f: b", "g: return"]
