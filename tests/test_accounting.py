@@ -702,9 +702,11 @@ def test_stage_3_reductions_in_backward_are_predicted_within_3_percent_of_the_tr
     assert traced == REDUCTION_TRACES[log]
     lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
-    m = predict.rank_memory(3, "deepspeed", "bf16", r.world_size, r.params_total, r.zero_config, t.PRESETS["1.3b"],
-                            shard=r.local_param_elems, persistent=r.persistent_elems, largest=r.largest_param_elems,
-                            micro_batch=2, seq=1024, checkpoint=True, loss_chunk=t.LOSS_CHUNK, offload=r.run.offload)
+    run = r.run
+    m = predict.rank_memory(run.stage, run.engine, run.dtype, r.world_size, r.params_total, r.zero_config,
+                            t.PRESETS[run.model], shard=r.local_param_elems, persistent=r.persistent_elems,
+                            largest=r.largest_param_elems, micro_batch=run.micro_batch, seq=run.seq,
+                            checkpoint=run.checkpoint, loss_chunk=t.LOSS_CHUNK, offload=run.offload)
     assert abs((m["held"] + m["gathered"] + m["scatter"]) / 2**30 / traced - 1) < 0.03
 
 

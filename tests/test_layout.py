@@ -36,11 +36,14 @@ def test_stage_numbers_are_compared_only_in_stages_py(path):
 
 
 def untyped(tree: ast.AST) -> list[str]:
-    """The public functions of a module that leave an argument or their return without a hint."""
+    """The public functions of a module, and its special methods (__init__, __getattr__), that leave an argument
+    or their return without a hint; a method's first argument needs none."""
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-            args = [*node.args.args, *node.args.kwonlyargs, *filter(None, (node.args.vararg, node.args.kwarg))]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                not node.name.startswith("_") or node.name.startswith("__") and node.name.endswith("__")):
+            args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                    *filter(None, (node.args.vararg, node.args.kwarg))]
             bare = [a.arg for a in args if a.annotation is None and a.arg not in ("self", "cls")]
             found += [f"{node.name}: {', '.join(bare) or 'return'}"] if bare or node.returns is None else []
     return found
@@ -52,4 +55,5 @@ def test_every_public_function_of_the_package_is_typed(path):
 
 
 def test_a_function_without_a_hint_is_found():
-    assert untyped(ast.parse("def f(a: int, b): pass\ndef g(a: int): pass\ndef _h(a): pass")) == ["f: b", "g: return"]
+    code = "def f(a: int, b): pass\ndef g(a: int): pass\ndef _h(a): pass\nasync def k(a, /) -> int: pass\ndef __e__(x): pass"
+    assert untyped(ast.parse(code)) == ["f: b", "g: return", "k: a", "__e__: x"]

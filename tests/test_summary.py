@@ -186,3 +186,13 @@ def test_a_result_line_reads_back_as_the_same_result():
     r = result.RankResult(run, rank=1, world_size=2, env=parts.Environment(host="vm", gpus_on_host=0),
                           steps=[parts.Step(step=1, loss=5.0, time_s=0.5)])
     assert result.RankResult.from_dict(json.loads(result.result_line(r)[len("RESULT "):])) == r
+
+
+def test_a_step_made_by_its_fields_records_the_keys_given_alone_in_their_order():
+    s = parts.Step.made(step=1, loss=5.0, time_s=0.5, peak_mem_bytes=7)
+    assert list(s.as_dict()) == ["step", "loss", "time_s", "peak_mem_bytes"]
+
+
+def test_a_step_made_with_a_mistyped_field_raises():
+    with pytest.raises(TypeError):
+        parts.Step.made(step=1, los=5.0)

@@ -41,11 +41,11 @@ def deepspeed_reads() -> dict[str, Any]:
     asked: dict[str, Any] = {}
 
     class Noting(dict):
-        def __contains__(self, key):
+        def __contains__(self, key: object) -> bool:
             asked.setdefault(key, None)
             return super().__contains__(key)
 
-        def __getitem__(self, key):
+        def __getitem__(self, key: str) -> Any:
             asked.setdefault(key, None)
             return super().__getitem__(key)
 

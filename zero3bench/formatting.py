@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 if TYPE_CHECKING:  # result imports this module
     from zero3bench.result import RankResult
@@ -25,7 +25,7 @@ class QuietWhenClosed:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
     def write(self, text: str) -> int:

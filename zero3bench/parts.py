@@ -11,7 +11,7 @@ from typing import Any, Self
 
 @dataclass(frozen=True)
 class Part:
-    # its record's keys, where it was read from one; one made here by its fields writes them all
+    # its record's keys, where it was read from one or made by made(); one made by its fields writes them all
     recorded: tuple[str, ...] | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     @classmethod

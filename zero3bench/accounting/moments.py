@@ -44,7 +44,7 @@ def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[st
     """Stage 3's reduction of its first full gradient bucket in backward (reduction_copies), after the output
     layer's backward: the blocks' activations not yet run then (blocks: all of them), and the tied embedding's
     whole gradient (embedding: its elements), which the output layer made and which is reduced only after the
-    embedding's own. The original design's 5e8 made its stage 3's peak (28-suite-matrix/4-trace)."""
+    embedding's own."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1):
         return 0
     bucket = min(zero_setting(zero, "reduce_bucket_size"), params)
