@@ -814,3 +814,21 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
             found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.host_peak_rss_bytes - 1
     assert len({run for run, _, _ in found}) == 18
     assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
+
+
+@pytest.mark.parametrize("model, stage, world", [("tiny", 1, 257), ("350m", 2, 13), ("1.3b", 1, 8), ("2.7b", 2, 100)])
+def test_the_rank_that_holds_the_most_is_among_the_telling_ranks(model, stage, world):
+    shape, zero = t.PRESETS[model], json.loads(stages.config_path(stage).read_text())["zero_optimization"]
+
+    def peak(rank):
+        return predict.rank_memory(stage, "deepspeed", "bf16", world, shape.params, zero, shape, micro_batch=2,
+                                   seq=1024, checkpoint=True, loss_chunk=t.LOSS_CHUNK, rank=rank)["peak"]
+    telling = moments.telling_ranks(stage, "deepspeed", world, shape.params, shape, predict.NO_OFFLOAD)
+    assert max(map(peak, telling)) == max(map(peak, range(world)))
+
+
+def test_where_every_rank_holds_alike_rank_0_stands_for_them_and_elsewhere_a_few_ranks_for_many():
+    shape = t.PRESETS["1.3b"]
+    assert len(moments.telling_ranks(1, "deepspeed", 2**20, shape.params, shape, predict.NO_OFFLOAD)) < 1000
+    assert moments.telling_ranks(3, "deepspeed", 2**20, shape.params, shape, predict.NO_OFFLOAD) == [0]
+    assert moments.telling_ranks(1, "deepspeed", 8, shape.params, shape, {"optimizer": "cpu", "param": None}) == [0]

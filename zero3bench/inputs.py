@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from zero3bench import config_checks, fsdp2, machine, options
-from zero3bench.accounting import predict
+from zero3bench.accounting import moments, predict
 from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
 from zero3bench.formatting import size
 
@@ -66,7 +66,9 @@ def predicted_memory(run: options.Run, config: dict[str, Any], world: int) -> di
                                     seq=run.seq, checkpoint=run.checkpoint, loss_chunk=LOSS_CHUNK, offload=run.offload,
                                     flash=predict.uses_flash(torch.cuda.is_available(), run.dtype),
                                     on_gpu=torch.cuda.is_available(), deepspeed_adam=deepspeed_adam,
-                                    rehearsed=rehearsed, rank=rank) for rank in range(world)), key=lambda m: m["peak"])
+                                    rehearsed=rehearsed, rank=rank)
+                for rank in moments.telling_ranks(run.stage, run.engine, world, shape.params, shape, run.offload)),
+               key=lambda m: m["peak"])
 
 
 def prediction_line(run: options.Run, config: dict[str, Any], world: int) -> str:
