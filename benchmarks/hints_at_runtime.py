@@ -9,6 +9,7 @@ outside its hint is written to LOG, with the test that was running, instead of r
 printed at the end, each with its count."""
 import collections
 import os
+import signal
 import site
 import subprocess
 import sys
@@ -107,6 +108,9 @@ def main(argv: list[str]) -> int:
     log.unlink(missing_ok=True)
     PTH.write_text(f"import os, sys; os.environ.get('TYPEGUARD_LOG') and (sys.path.append("
                    f"{str(Path(__file__).parent)!r}), __import__('hints_at_runtime').install_hook())\n")
+    # a kill is an exit too: the .pth goes, and subprocess.call kills the command (which leaves its own children, as
+    # pytest's workers, to their own handling)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         status = subprocess.call(command, env={**os.environ, "TYPEGUARD_LOG": str(log)})
     finally:
