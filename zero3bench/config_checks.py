@@ -38,7 +38,7 @@ def deepspeed_reads() -> dict[str, Any]:
     # Noted as DeepSpeedConfig asks a minimal config for each key it reads: in 0.19.8 it is no pydantic model whose
     # fields could be listed, and its *constants.py files mix nested keys ("enabled", "type") with top-level ones
     # and lack others ("compile", "hybrid_engine", "wandb"), so neither would give the set that it reads.
-    asked: dict[str, Any] = {}
+    asked: dict[Any, Any] = {}  # DeepSpeed asks by str; `in` takes any object
 
     class Noting(dict):
         def __contains__(self, key: object) -> bool:
