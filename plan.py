@@ -21,10 +21,11 @@ from pathlib import Path
 
 from zero3bench import stages
 from zero3bench.accounting import host, predict, timing, traffic
-from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
+from zero3bench.accounting.memory import Counts, Seat, rank_memory
+from zero3bench.accounting.shapes import PRESETS, ModelShape
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
-from zero3bench.options import BadInput
+from zero3bench.options import BadInput, run_from
 from zero3bench.planning import inputs, output
 from zero3bench.planning.inputs import between
 from zero3bench.reporting import reading
@@ -76,7 +77,7 @@ class Model:
     final norm), of one block and of its embedding, its largest tensor."""
     name: str
     params: int
-    shape: GPTConfig | None = None
+    shape: ModelShape | None = None
     root: int = 0
     block: float = 0
     embedding: int = 0
@@ -103,15 +104,15 @@ def label(setup, args):
 
 
 def memory(setup, model, args, world, zero):
-    """One rank's bytes by term and its peak: predict.rank_memory, as for a RESULT, with the parameters
+    """One rank's bytes by term and its peak: memory.rank_memory, as for a RESULT, with the parameters
     partitioned evenly and no persistent ones."""
     stage, engine = SETUPS[setup]
     offload = {"optimizer": "cpu" if offloads(setup, args.offload or args.offload_param) else None,
                "param": "cpu" if offloads_params(setup, args) else None}
-    m = predict.rank_memory(stage, engine, DTYPE, world, model.params, zero, model.shape, block=model.block,
-                            root=model.root, largest=model.embedding, micro_batch=args.micro_batch, seq=args.seq,
-                            checkpoint=args.checkpoint, loss_chunk=LOSS_CHUNK, offload=offload)
-    return {k: v for k, v in m.items() if k != "breakdown"}
+    run = run_from({"stage": stage, "engine": engine, "model": model.name, "dtype": DTYPE, "offload": offload,
+                    "micro_batch": args.micro_batch, "seq": args.seq, "checkpoint": args.checkpoint})
+    return rank_memory(run, model.shape, Counts(model.params, model.embedding, model.block, model.root), zero,
+                       Seat(world))
 
 
 def host_per_rank(setup, model, args, world, zero, m):
@@ -124,7 +125,7 @@ def host_per_rank(setup, model, args, world, zero, m):
         section = {**zero, "offload_optimizer": offload}
         return host.host_peak_bytes(stage, WIDTH, world, math.ceil(model.params / world), section,
                                     model.shape, model.params, False)
-    return m["host_states"] + m["host_buffers"]
+    return m.host_states + m.host_buffers
 
 
 def bus_bandwidth(args, link, kind, stage, engine, model, zero):
@@ -158,9 +159,9 @@ def step_time(setup, model, args, world, zero):
 
 
 def headroom_left(m, args):
-    """The GPU's memory less what the rank needs: the bytes the allocator reserves (predict.reserved_bytes) and
+    """The GPU's memory less what the rank needs: the bytes the allocator reserves (MemoryTerms.reserved) and
     the headroom, its reserve beyond them and the CUDA context."""
-    return (args.gpu_mem_gib - args.reserve_gib - args.context_gib) * 2**30 - predict.reserved_bytes(m)
+    return (args.gpu_mem_gib - args.reserve_gib - args.context_gib) * 2**30 - m.reserved
 
 
 def estimate(setup, model, args, world):
@@ -176,7 +177,8 @@ def row(setup, model, args, world, zero):
     m, t = memory(setup, model, args, world, zero), step_time(setup, model, args, world, zero)
     tokens = args.micro_batch * args.seq
     left = headroom_left(m, args)
-    return {"setup": setup, "gpus": world, "nodes": -(-world // args.gpus_per_node), **m,
+    terms = {k: v for k, v in m.flat().items() if k != "breakdown"}
+    return {"setup": setup, "gpus": world, "nodes": -(-world // args.gpus_per_node), **terms,
             "deepspeed_estimate": estimate(setup, model, args, world),
             "host_per_node": host_per_rank(setup, model, args, world, zero, m) * min(world, args.gpus_per_node),
             "headroom_left": left,
@@ -289,7 +291,7 @@ def resolve_model(args):
             raise BadInput(f"a shape needs {', '.join(missing)} too")
         if args.d_model % args.heads:
             raise BadInput(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}")
-        shape, name = GPTConfig(args.layers, args.heads, args.d_model, args.vocab, args.seq, lr=None), "custom"
+        shape, name = ModelShape(args.layers, args.heads, args.d_model, args.vocab, args.seq, lr=None), "custom"
     elif args.params and not args.preset:
         shape, name = None, "params"
     else:

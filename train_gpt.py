@@ -24,11 +24,11 @@ import psutil
 import torch
 from deepspeed import comm as dist
 
-from zero3bench import compat, fsdp2, machine, options, parts, rank_lines, result, stages
+from zero3bench import compat, exits, finishing, fsdp2, machine, options, parts, rank_lines, result, stages
 from zero3bench.inputs import prediction_line, resolve
 from zero3bench.accounting import comms, measure
-from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
-from zero3bench.formatting import START, log, phase, rank_table
+from zero3bench.accounting.shapes import PRESETS
+from zero3bench.formatting import START, log, phase
 from model import DTYPES, GPT, Block
 
 IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
@@ -292,7 +292,8 @@ def build_and_train(run, config, tokens, r, device):
     train(engine, run, tokens, device, r)
     r.timing["trained"] = time.time()
     if not Stop.reason:
-        r.link_busbw = comms.link_curve(device, r)  # after the last step's memory is recorded
+        # after the last step's memory is recorded
+        r.link_busbw = comms.link_curve(device, bool(r.rehearsal or r.run.max_mem_gib))
     r.timing["probed"] = time.time()
 
 
@@ -311,14 +312,14 @@ def publish(r):
     """Rank 0 prints every rank's result; a rank that failed reports alone: its peers may be blocked in a
     collective."""
     if r.error:
-        result.emit([r])
+        rank_lines.emit([r])
         return
     everyone = [None] * r.world_size
     torch.distributed.all_gather_object(everyone, result.as_dict(r))  # deepspeed.comm has it from 0.17.0 on
     if r.rank == 0:
         ranks = [result.RankResult.from_dict(d) for d in everyone]
-        result.emit(ranks)
-        print(rank_table(ranks), flush=True)
+        rank_lines.emit(ranks)
+        print(rank_lines.rank_table(ranks), flush=True)
     dist.barrier()  # rank 0 has printed everything before any rank leaves
 
 
@@ -352,9 +353,9 @@ def main(argv=None):
     Stop.phase = "done"
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     zero = config.get("zero_optimization", {})
-    result.finish(r, PRESETS[run.model], LOSS_CHUNK, zero, measure.memory_snapshot(device))
+    finishing.finish(r, PRESETS[run.model], zero, measure.memory_snapshot(device))
     publish(r)
-    machine.leave(world, result.exit_status(r))
+    machine.leave(world, exits.rank_status(r.oom, r.error, r.interrupted_by, bool(r.diverged or r.nonfinite_loss)))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ GRACE_S = 30  # past the deadline, before a job that outran its estimate is stop
 BUDGET_GIB = 128  # of the H200's 139: the CUDA contexts of up to a dozen ranks, and some slack for the estimates
 
 # name: (the largest GiB that all its ranks hold together at one time, seconds alone, run.sh's arguments); the GiB
-# from predict.rank_memory's peaks per rank (stage 0 of the 1.3b model: 24.5 GiB a rank), rounded up
+# from memory.rank_memory's peaks per rank (stage 0 of the 1.3b model: 24.5 GiB a rank), rounded up
 BATCHES = {
     "verdict": {  # issue 31's matrix: each row a stage-0/stage-3 pair at the same ranks
         "fp16_rehearsal": (100, 170, "--dtype fp16"),  # the seconds as measured in the first call
@@ -67,7 +67,7 @@ BATCHES = {
         "s12_2.7b_r4": (80, 200, '--ranks 4 --stages "1 2" --model 2.7b'),
         "s12_fp16_r2": (34, 160, '--ranks 2 --stages "1 2" --dtype fp16'),
     },
-    "s1_held_out": {  # stage 1's reduction (moments.stage1_reduction_elems, 32-s12) on settings it was not read off,
+    "s1_held_out": {  # stage 1's reduction (predict.stage1_reduction_elems, 32-s12) on settings it was not read off,
         # predicted per rank before they ran: 14.98 GiB on rank 0 and 14.48 on the others; 4.69; 1.755; 2.17
         "s1_fp32_r4": (60, 240, '--ranks 4 --stages 1 --dtype fp32'),
         "s1_760m_r6": (32, 200, '--ranks 6 --stages 1 --model 760m'),

@@ -1,5 +1,5 @@
 """(b)'s peak against theory over the committed GPU logs: for every results folder with a stage-0 and a stage-3
-run at one number of ranks, the measured ratio of the peaks, the ratio that predict.rank_memory gives for the
+run at one number of ranks, the measured ratio of the peaks, the ratio that memory.rank_memory gives for the
 runs' settings (reporting.theory), and the measured ratio as a share of the predicted one.
 
     python3 benchmarks/peak_theory.py benchmarks/logs/h200 benchmarks/logs/h200x2

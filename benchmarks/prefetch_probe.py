@@ -52,7 +52,7 @@ def probe(out: Path, case: str, layers: int, vocab: int) -> None:
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
 
     import train_gpt
-    shape = shapes.GPTConfig(layers, 4, D_MODEL, vocab, CONTEXT, 1e-3)
+    shape = shapes.ModelShape(layers, 4, D_MODEL, vocab, CONTEXT, 1e-3)
     shapes.PRESETS["tiny"] = shape
     rows = []
 

@@ -2,18 +2,26 @@
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from zero3bench import machine, options, parts, result, stages
+from zero3bench import explain, finishing, machine, options, parts, result, stages
 import train_gpt as t
-from zero3bench.accounting import explain, host, measure, moments, predict, shapes
+from zero3bench.accounting import host, measure, moments, predict, shapes
+from zero3bench.accounting.memory import NO_OFFLOAD, Counts, Seat, rank_memory
 from zero3bench.reporting import theory
 from conftest import facts, record
 
 PSI, G = 1_000_000, 4  # parameters, ranks
+
+
+def run(stage, **settings):
+    """A run of DeepSpeed's, in bf16 unless settings say otherwise, as memory.rank_memory reads it."""
+    return options.run_from({"stage": stage, "dtype": "bf16", **settings})
 
 
 def paper(stage, psi=PSI, g=G):
@@ -45,22 +53,15 @@ def test_the_partition_table_says_what_each_stage_partitions():
 
 
 def test_the_prediction_imports_neither_torch_nor_deepspeed():
-    def imports(path):
-        return [line for line in (stages.ROOT / "zero3bench" / path).read_text().splitlines()
-                if line.startswith(("import ", "from "))]
-    assert imports("accounting/predict.py") == [  # and GPTConfig for its hints, under TYPE_CHECKING alone
-        "import math", "from collections.abc import Mapping", "from typing import TYPE_CHECKING, Any",
-        "from zero3bench.accounting.moments import (grad_layout, kept_grad_elems, prefetch_bytes, regathered_bytes,",
-        "from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer"]
-    assert imports("accounting/moments.py") == [
-        "import itertools", "import math", "from collections.abc import Mapping, Sequence",
-        "from typing import TYPE_CHECKING, Any",
-        "from zero3bench.stages import shards_params, splits_one_buffer"]
-    assert imports("stages.py") == ["from pathlib import Path"]
+    pure = ["predict", "moments", "memory", "shapes", "host", "traffic", "timing"]
+    code = (f"import sys; import {', '.join('zero3bench.accounting.' + m for m in pure)}; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed', 'numpy'}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=stages.ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
 
 
 def test_train_gpt_builds_its_model_from_the_torch_free_shapes_which_count_its_parameters():
-    assert t.PRESETS is shapes.PRESETS and t.LOSS_CHUNK == shapes.LOSS_CHUNK
+    assert t.PRESETS is shapes.PRESETS
     assert sum(p.numel() for p in t.GPT(t.PRESETS["tiny"]).parameters()) == t.PRESETS["tiny"].params
 
 
@@ -103,8 +104,8 @@ def test_a_part_named_for_no_field_of_the_result_fails_loudly():
 
 def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
     r.run = dataclasses.replace(r.run, checkpoint=checkpoint)
-    result.add_predictions(r, t.PRESETS["1.3b"], t.LOSS_CHUNK,
-                           {"stage3_prefetch_bucket_size": prefetch, "sub_group_size": sub_group})
+    finishing.add_predictions(r, t.PRESETS["1.3b"], {"stage3_prefetch_bucket_size": prefetch,
+                                                     "sub_group_size": sub_group})
     return r
 
 
@@ -131,9 +132,9 @@ def test_stage_0_counts_its_gradients_at_backwards_end_and_at_the_step_not_at_it
 
 def test_stage_3_keeps_its_gradient_buffer_and_its_bucket_throughout():
     r = predicted(rank(3), prefetch=0)
-    m = predict.rank_memory(3, "deepspeed", "bf16", G, PSI, {"reduce_bucket_size": 1000}, shard=PSI // G)
-    assert m["freed_grads"] == 0 and m["buffers"] == 2 * 1000
-    assert m["held"] == 16 * (PSI // G) + 2 * 1000 + predict.WORKSPACE_BYTES
+    m = rank_memory(run(3), None, Counts(PSI, shard=PSI // G), {"reduce_bucket_size": 1000}, Seat(G))
+    assert m.freed_grads == 0 and m.buffers == 2 * 1000
+    assert m.held == 16 * (PSI // G) + 2 * 1000 + predict.WORKSPACE_BYTES
     assert r.predicted_model_state_bytes == 16 * (PSI // G)
 
 
@@ -163,10 +164,10 @@ def test_checkpointing_keeps_far_fewer_activations_and_fp32_doubles_them():
     shape = t.PRESETS["1.3b"]
 
     def activations(dtype="bf16", checkpoint=False):
-        return predict.activation_bytes(shape, dtype, 2, 1024, checkpoint, True, t.LOSS_CHUNK)
+        return predict.activation_bytes(shape, dtype, 2, 1024, checkpoint, True, shapes.LOSS_CHUNK)
 
     def output(width):  # ln_f, the logits and their gradient, one chunk of the loss in fp32
-        return predict.output_layer_bytes(shape, width, 2048, t.LOSS_CHUNK)
+        return predict.output_layer_bytes(shape, width, 2048, shapes.LOSS_CHUNK)
     full, checkpointed = activations(), activations(checkpoint=True)
     assert (checkpointed - output(2)) < (full - output(2)) / 8
     # all but the LayerNorms' statistics and flash's logsumexp, which are fp32 in either
@@ -188,7 +189,7 @@ def test_a_block_saves_what_the_activation_formula_counts():
     """model.py's Block in bf16 on a CPU, its saved tensors counted by storage: the formula's 16 values of d_model
     a token, with flash's logsumexp. The CPU keeps the LayerNorms' mean and rstd in bf16 where CUDA keeps fp32
     (8 bytes a token less), and runs SDPA's CPU flash kernel, which saves what CUDA's does."""
-    shape = shapes.GPTConfig(layers=1, heads=4, d_model=256, vocab=256, context=128, lr=0)
+    shape = shapes.ModelShape(layers=1, heads=4, d_model=256, vocab=256, context=128, lr=0)
     block = t.Block(shape.d_model, shape.heads, 0.02).to(torch.bfloat16)
     x = torch.randn(2, shape.context, shape.d_model, dtype=torch.bfloat16, requires_grad=True)
     saved = {}
@@ -261,7 +262,7 @@ def held(stage, params, grads, optimizer):
 def test_partition_check_holds_each_stage_to_its_promise(stage, shares, ok):
     promised = predict.shares(states(stage), whole(stage))
     measured = predict.shares(held(stage, *shares), whole(stage))
-    assert predict.holds_as_promised(measured, promised, stage, 2 / 100, result.PARTITION_TOLERANCE) is ok
+    assert predict.holds_as_promised(measured, promised, stage, 2 / 100, finishing.PARTITION_TOLERANCE) is ok
 
 
 def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu():
@@ -301,7 +302,7 @@ MEASURED_GRAD_ELEMS = {2: [659089408, 671410176], 4: [340162560, 335706112, 3524
 @pytest.mark.parametrize("world", sorted(MEASURED_GRAD_ELEMS))
 def test_stages_1_and_2_keep_whole_the_gradients_of_the_tensors_in_a_ranks_partition(world):
     groups = t.PRESETS["1.3b"].decay_groups
-    kept = [moments.whole_tensor_grad_elems(groups, world, rank) for rank in range(world)]
+    kept = [predict.whole_tensor_grad_elems(groups, world, rank) for rank in range(world)]
     assert kept == MEASURED_GRAD_ELEMS[world]
     assert all(t.PRESETS["1.3b"].params / world < k for k in kept)
 
@@ -309,19 +310,19 @@ def test_stages_1_and_2_keep_whole_the_gradients_of_the_tensors_in_a_ranks_parti
 def test_stage_1s_reduction_peaks_at_the_embeddings_two_copies_or_at_its_partitions_first_tensor():
     shape, zero = t.PRESETS["1.3b"], {"reduce_bucket_size": 5e7}
     groups, embedding = shape.decay_groups, shape.padded_vocab * shape.d_model
-    kept = moments.whole_tensor_grad_elems(groups, 4, 0)
-    assert moments.stage1_reduction_elems(groups, 4, 0, zero) == kept > 2 * embedding  # nothing moved before rank 0's
-    assert moments.stage1_reduction_elems(groups, 4, 1, zero) == 2 * embedding  # rank 0's tensors moved before its
-    assert moments.stage1_reduction_elems(groups, 8, 0, zero) == 2 * embedding  # a partition smaller than both copies
-    moved = moments.moved_grad_elems(groups, 4, 1, 5e8)  # a bucket above the embedding takes it too
-    assert moments.stage1_reduction_elems(groups, 4, 1, {"reduce_bucket_size": 5e8}) == (
-        moments.whole_tensor_grad_elems(groups, 4, 1) - moved) and moved > embedding
+    kept = predict.whole_tensor_grad_elems(groups, 4, 0)
+    assert predict.stage1_reduction_elems(groups, 4, 0, zero) == kept > 2 * embedding  # nothing moved before rank 0's
+    assert predict.stage1_reduction_elems(groups, 4, 1, zero) == 2 * embedding  # rank 0's tensors moved before its
+    assert predict.stage1_reduction_elems(groups, 8, 0, zero) == 2 * embedding  # a partition smaller than both copies
+    moved = predict.moved_grad_elems(groups, 4, 1, 5e8)  # a bucket above the embedding takes it too
+    assert predict.stage1_reduction_elems(groups, 4, 1, {"reduce_bucket_size": 5e8}) == (
+        predict.whole_tensor_grad_elems(groups, 4, 1) - moved) and moved > embedding
 
 
 def test_the_groups_padding_to_an_even_partition_falls_in_the_last_one():
-    assert moments.whole_tensor_grad_elems([[3, 4]], 1, 0) == 7 + 1
-    assert moments.whole_tensor_grad_elems([[3, 4]], 2, 0) == 3 + 4  # partitions of 4 elements: [0, 4) holds both
-    assert moments.whole_tensor_grad_elems([[3, 4]], 2, 1) == 4 + 1
+    assert predict.whole_tensor_grad_elems([[3, 4]], 1, 0) == 7 + 1
+    assert predict.whole_tensor_grad_elems([[3, 4]], 2, 0) == 3 + 4  # partitions of 4 elements: [0, 4) holds both
+    assert predict.whole_tensor_grad_elems([[3, 4]], 2, 1) == 4 + 1
 
 
 def test_differences_explain_a_gpu_peak_far_from_its_estimate():
@@ -381,7 +382,7 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
     r = record(**facts(0, world=1), steps=steps, memory_at_start=start)
-    result.finish(r, t.PRESETS["1.3b"], t.LOSS_CHUNK, {}, parts.MemorySnapshot(peak_mem_bytes=0))
+    finishing.finish(r, t.PRESETS["1.3b"], {}, parts.MemorySnapshot(peak_mem_bytes=0))
     assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
 
 
@@ -489,7 +490,7 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     for summary, r in records(LOGS):
         if not predictable(r):
             continue
-        result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config or {})
+        finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
         miss = r.predicted_peak_bytes / training_peak(r) - 1
         covered.add((summary.relative_to(LOGS).parts[1], r.run.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
@@ -527,7 +528,7 @@ def test_the_predicted_model_states_are_within_1_percent_of_every_committed_run_
     for summary, r in records(LOGS):
         if not (r.model_state_breakdown and r.steps and not r.oom and (r.zero_config or r.run.engine == "fsdp2")):
             continue
-        result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config or {})
+        finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
         miss = r.predicted_model_state_bytes / r.model_state_bytes - 1
         if version(r.env.deepspeed) < version(OLDEST_DEEPSPEED):
             old.update({(r.env.deepspeed, f"{r.run.model} {run_name(r)}"): round(miss, 3)} if abs(miss) > 0.01 else {})
@@ -545,9 +546,8 @@ def test_the_8_rank_stage_0_rehearsal_that_ran_out_of_memory_was_predicted_not_t
     assert {run_name(r) for r in oom} == {"stage0 G8 mb2 ck1"}
     r = oom[0]
     shape = t.PRESETS[r.run.model]
-    peak = predict.rank_memory(0, "deepspeed", r.run.dtype, r.world_size, shape.params, {}, shape,
-                               micro_batch=r.run.micro_batch, seq=r.run.seq, checkpoint=r.run.checkpoint,
-                               loss_chunk=t.LOSS_CHUNK)["peak"]
+    peak = rank_memory(dataclasses.replace(r.run, stage=0, offload={}), shape, Counts.of_shape(shape), {},
+                       Seat(r.world_size)).peak
     assert r.ranks_per_gpu * peak > r.device_total_bytes
 
 
@@ -570,8 +570,8 @@ def test_stages_1_and_2_step_on_a_flat_16_bit_copy_and_its_fp32_cast_at_once():
 
 
 def test_stage_1_frees_the_gradients_outside_its_partition_before_the_step():
-    m = predict.rank_memory(1, "deepspeed", "bf16", G, PSI, {}, shard=PSI // G)
-    assert m["freed_grads"] == 2 * PSI and m["partition_grads"] == 2 * (PSI // G)
+    m = rank_memory(run(1), None, Counts(PSI, shard=PSI // G), {}, Seat(G))
+    assert m.freed_grads == 2 * PSI and m.partition_grads == 2 * (PSI // G)
 
 
 def test_stage_0_all_reduces_through_a_flat_copy_of_at_most_a_bucket():
@@ -591,14 +591,15 @@ def test_stage_3_checks_fp16_gradients_for_overflow_through_a_16_bit_copy_and_a_
 def test_fp16_at_stage_3_on_2_h200_ranks_peaks_at_its_overflow_check_within_1_percent():
     """1.3b, 2 rehearsed ranks: 0.74 GiB above bf16's peak at the same setting, from the first step after an
     applied one, where the overflow check passes backward's start; at 4 ranks its partition is too small to."""
-    for path, run in {"2-probe/results/fp16_p12_r2/20261201-221859-A7dr": "stage3_p12",
-                      "3-suite/gpu_fp160/20261201-224004-Ka1m": "stage3"}.items():
-        for r in committed(f"h200/26-off-default/{path}/summary.json", run):
-            result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config)
-            m = predict.rank_memory(3, "deepspeed", "fp16", 2, r.params_total, r.zero_config, t.PRESETS[r.run.model],
-                                    shard=r.local_param_elems, micro_batch=2, seq=r.run.seq, checkpoint=True,
-                                    loss_chunk=t.LOSS_CHUNK)
-            assert m["held"] + m["overflow_check"] == m["peak"]
+    for path, name in {"2-probe/results/fp16_p12_r2/20261201-221859-A7dr": "stage3_p12",
+                       "3-suite/gpu_fp160/20261201-224004-Ka1m": "stage3"}.items():
+        for r in committed(f"h200/26-off-default/{path}/summary.json", name):
+            finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
+            shape = t.PRESETS[r.run.model]
+            m = rank_memory(run(3, dtype="fp16", micro_batch=2, seq=r.run.seq, checkpoint=True), shape,
+                            dataclasses.replace(Counts.of_shape(shape), params=r.params_total,
+                                                shard=r.local_param_elems), r.zero_config, Seat(2))
+            assert m.held + m.overflow_check == m.peak
             assert r.predicted_peak_bytes / training_peak(r) == pytest.approx(1, abs=0.01)
 
 
@@ -606,9 +607,10 @@ def test_stage_3_offloading_its_optimizer_peaks_with_the_embeddings_gradient_on_
     assert predict.offloaded_grad_bytes(3, "deepspeed", 2, 1000, 2, True) == 12 * 500
     assert predict.offloaded_grad_bytes(3, "deepspeed", 2, 1000, 2, False) == 0
     assert predict.offloaded_grad_bytes(2, "deepspeed", 2, 1000, 2, True) == 0  # stages 1 and 2: another path
-    m = predict.rank_memory(3, "deepspeed", "bf16", 1, PSI, {}, t.PRESETS["1.3b"], micro_batch=1, seq=1024,
-                            checkpoint=True, offload={"optimizer": "cpu", "param": None})
-    assert m["peak"] == m["held"] + m["offloaded_grad"]
+    m = rank_memory(run(3, micro_batch=1, seq=1024, checkpoint=True, offload={"optimizer": "cpu", "param": None}),
+                    t.PRESETS["1.3b"], dataclasses.replace(Counts.of_shape(t.PRESETS["1.3b"]), params=PSI), {},
+                    Seat(1))
+    assert m.peak == m.held + m.offloaded_grad
 
 
 def test_a_model_smaller_than_the_prefetch_bucket_gathers_at_most_itself():
@@ -680,7 +682,7 @@ def test_the_stage_3_timelines_peak_within_5_percent_of_the_prediction_at_every_
         if r.run.stage != 3 or r.world_size < 2 or r.run.dtype != "bf16":
             continue
         peak = float(summary.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
-        result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config)
+        finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
         if abs(r.predicted_peak_bytes / peak - 1) > PEAK_TOLERANCE:
             misses[tag] = round(r.predicted_peak_bytes / peak - 1, 3)
     assert misses == LIVE_MISSES
@@ -702,12 +704,10 @@ def test_stage_3_reductions_in_backward_are_predicted_within_3_percent_of_the_tr
     assert traced == REDUCTION_TRACES[log]
     lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
-    run = r.run
-    m = predict.rank_memory(run.stage, run.engine, run.dtype, r.world_size, r.params_total, r.zero_config,
-                            t.PRESETS[run.model], shard=r.local_param_elems, persistent=r.persistent_elems,
-                            largest=r.largest_param_elems, micro_batch=run.micro_batch, seq=run.seq,
-                            checkpoint=run.checkpoint, loss_chunk=t.LOSS_CHUNK, offload=run.offload)
-    assert abs((m["held"] + m["gathered"] + m["scatter"]) / 2**30 / traced - 1) < 0.03
+    shape = t.PRESETS[r.run.model]
+    m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.local_param_elems),
+                    r.zero_config, Seat(r.world_size))
+    assert abs((m.held + m.gathered + m.scatter) / 2**30 / traced - 1) < 0.03
 
 
 def committed(path, run):
@@ -718,7 +718,7 @@ def committed(path, run):
 def miss_with_todays_config(r):
     """The prediction's miss of a run without a recorded config, with its stage's config as it is today."""
     zero = json.loads(stages.config_path(r.run.stage).read_text())["zero_optimization"]
-    result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, zero)
+    finishing.add_predictions(r, t.PRESETS[r.run.model], zero)
     return r.predicted_peak_bytes / training_peak(r) - 1
 
 
@@ -758,23 +758,22 @@ def test_the_host_holds_the_offloaded_states_and_the_cpu_optimizers_fp32_gradien
     optimizer's temporaries) is not predicted."""
     for r in committed(path, run):
         shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
-        m = predict.rank_memory(r.run.stage, r.run.engine, r.run.dtype, r.world_size, r.params_total, {}, shard=shard,
-                                persistent=r.persistent_elems, offload=r.run.offload)
+        m = rank_memory(r.run, None, Counts(r.params_total, shard=shard, persistent=r.persistent_elems), {},
+                        Seat(r.world_size))
         host = r.host_state_breakdown
-        assert m["host_states"] + m["host_buffers"] == pytest.approx(host.states + host.other, rel=0.01)
+        assert m.host_states + m.host_buffers == pytest.approx(host.states + host.other, rel=0.01)
 
 
 def test_only_ranks_rehearsed_over_gloo_copy_the_gathered_weights_at_the_step_end_of_stages_1_and_2():
-    rehearsed, nccl = (predict.rank_memory(2, "deepspeed", "bf16", 8, PSI, {}, rehearsed=flag)
-                       for flag in (True, False))
-    assert rehearsed["regathered"] == 2 * PSI and nccl["regathered"] == 0
-    assert predict.rank_memory(3, "deepspeed", "bf16", 8, PSI, {}, rehearsed=True)["regathered"] == 0
+    rehearsed, nccl = (rank_memory(run(2), None, Counts(PSI), {}, Seat(8, rehearsed=flag)) for flag in (True, False))
+    assert rehearsed.regathered == 2 * PSI and nccl.regathered == 0
+    assert rank_memory(run(3), None, Counts(PSI), {}, Seat(8, rehearsed=True)).regathered == 0
 
 
 def test_stage_0_in_fp16_with_deepspeeds_adam_holds_two_fp32_copies_of_the_gradients_at_its_step():
-    theirs, torchs = (predict.rank_memory(0, "deepspeed", "fp16", 2, PSI, {}, deepspeed_adam=flag)
+    theirs, torchs = (rank_memory(run(0, dtype="fp16"), None, Counts(PSI), {}, Seat(2, deepspeed_adam=flag))
                       for flag in (True, False))
-    assert theirs["transient"] == 8 * PSI and torchs["transient"] == 4 * PSI
+    assert theirs.transient == 8 * PSI and torchs.transient == 4 * PSI
 
 
 # -----------------------------------------------------------------------------
@@ -821,14 +820,14 @@ def test_the_rank_that_holds_the_most_is_among_the_telling_ranks(model, stage, w
     shape, zero = t.PRESETS[model], json.loads(stages.config_path(stage).read_text())["zero_optimization"]
 
     def peak(rank):
-        return predict.rank_memory(stage, "deepspeed", "bf16", world, shape.params, zero, shape, micro_batch=2,
-                                   seq=1024, checkpoint=True, loss_chunk=t.LOSS_CHUNK, rank=rank)["peak"]
-    telling = moments.telling_ranks(stage, "deepspeed", world, shape.params, shape, predict.NO_OFFLOAD)
+        return rank_memory(run(stage, micro_batch=2, seq=1024, checkpoint=True), shape, Counts.of_shape(shape), zero,
+                           Seat(world, rank)).peak
+    telling = predict.telling_ranks(stage, "deepspeed", world, shape.params, shape, NO_OFFLOAD)
     assert max(map(peak, telling)) == max(map(peak, range(world)))
 
 
 def test_where_every_rank_holds_alike_rank_0_stands_for_them_and_elsewhere_a_few_ranks_for_many():
     shape = t.PRESETS["1.3b"]
-    assert len(moments.telling_ranks(1, "deepspeed", 2**20, shape.params, shape, predict.NO_OFFLOAD)) < 1000
-    assert moments.telling_ranks(3, "deepspeed", 2**20, shape.params, shape, predict.NO_OFFLOAD) == [0]
-    assert moments.telling_ranks(1, "deepspeed", 8, shape.params, shape, {"optimizer": "cpu", "param": None}) == [0]
+    assert len(predict.telling_ranks(1, "deepspeed", 2**20, shape.params, shape, NO_OFFLOAD)) < 1000
+    assert predict.telling_ranks(3, "deepspeed", 2**20, shape.params, shape, NO_OFFLOAD) == [0]
+    assert predict.telling_ranks(1, "deepspeed", 8, shape.params, shape, {"optimizer": "cpu", "param": None}) == [0]

@@ -476,17 +476,17 @@ def test_a_valid_check_prints_how_it_reads_the_inputs_and_the_predicted_memory_a
 
 
 def test_at_stage_1_the_check_predicts_the_rank_that_peaks_highest(check):
-    from zero3bench.accounting import predict, shapes
+    from zero3bench.accounting import shapes
+    from zero3bench.accounting.memory import Counts, Seat, rank_memory
     result = check("--config", stages.config_path(1), "--check", "4")
     zero = json.loads(stages.config_path(1).read_text())["zero_optimization"]
     tiny = shapes.PRESETS["tiny"]
-    ranks = [predict.rank_memory(1, "deepspeed", "bf16", 4, tiny.params, zero, tiny, micro_batch=2, seq=tiny.context,
-                                 checkpoint=True, loss_chunk=shapes.LOSS_CHUNK, flash=False, on_gpu=False, rank=rank)
-             for rank in range(4)]
-    highest = max(ranks, key=lambda m: m["peak"])
-    assert len({m["states"] for m in ranks}) > 1  # each rank keeps other gradients
-    assert result.out[-1].startswith(f"predicted per rank at 4 rank(s): model states {size(highest['states'])}, ")
-    assert result.out[-1].endswith(f"peak {size(highest['peak'])}, and a CPU process's runtime besides")
+    run = options.run_from({"stage": 1, "dtype": "bf16", "micro_batch": 2, "seq": tiny.context, "checkpoint": True})
+    ranks = [rank_memory(run, tiny, Counts.of_shape(tiny), zero, Seat(4, rank, on_gpu=False)) for rank in range(4)]
+    highest = max(ranks, key=lambda m: m.peak)
+    assert len({m.states for m in ranks}) > 1  # each rank keeps other gradients
+    assert result.out[-1].startswith(f"predicted per rank at 4 rank(s): model states {size(highest.states)}, ")
+    assert result.out[-1].endswith(f"peak {size(highest.peak)}, and a CPU process's runtime besides")
 
 
 def test_a_valid_check_exits_0_as_a_process(tmp_path):

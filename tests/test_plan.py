@@ -95,7 +95,7 @@ def test_torchtitans_memory_drop_from_8_to_128_gpus_is_planned_within_10_percent
     planned_rows = torchtitan_plan(capsys)
     published = TORCHTITAN[8][1] - TORCHTITAN[128][1]  # 15.4 GiB
     # torchtitan reports the memory reserved, which keeps the gradients that FSDP2 frees after each step
-    reserved = {n: predict.reserved_bytes(planned_rows[n]) for n in (8, 128)}
+    reserved = {n: planned_rows[n]["peak"] + planned_rows[n]["freed_grads"] for n in (8, 128)}  # MemoryTerms.reserved
     drop = (reserved[8] - reserved[128]) / GIB  # the plan: 14.0 GiB, the model states
     assert drop > 0 and abs(drop / published - 1) <= 0.10
 
@@ -385,7 +385,7 @@ def test_host_memory_per_node_is_in_the_text_table_only_when_something_is_offloa
 
 def test_fits_leaves_the_stated_headroom_and_says_what_is_left(capsys):
     whole = planned(capsys, "--gpus", 1, "--stages", "0")["rows"][0]
-    reserved = predict.reserved_bytes(whole) / GIB
+    reserved = (whole["peak"] + whole["freed_grads"]) / GIB  # MemoryTerms.reserved
     p = planned(capsys, "--gpus", 1, "--stages", "0", "--gpu-mem-gib", reserved + 1)  # fits, but not the headroom
     [r] = p["rows"]
     assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(1 - 6.0)
@@ -394,17 +394,14 @@ def test_fits_leaves_the_stated_headroom_and_says_what_is_left(capsys):
 
 def test_the_allocators_reserve_covers_every_committed_h200_run_of_the_projects_configs():
     from test_accounting import LOGS, predictable, records
-    from zero3bench.result import add_predictions
+    from zero3bench.accounting.memory import rank_memory
+    from zero3bench.finishing import counted, seat
     worst = 0
     for _, r in records(LOGS):
         if predictable(r) and "_original" not in r.run.config:  # the original design's 5e8 buckets fragment more
-            add_predictions(r, plan.PRESETS[r.run.model], plan.LOSS_CHUNK, r.zero_config or {})
-            shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
-            made = predict.model_states(r.run.stage, r.run.dtype, r.params_total, shard, r.persistent_elems,
-                                        r.run.engine)["grads"]  # every gradient backward makes, as rank_memory's
-            m = {"peak": r.predicted_peak_bytes, "freed_grads": made if predict.frees_grads(r.run.stage, r.run.engine)
-                 else 0}
-            worst = max(worst, max(s.peak_reserved_bytes for s in r.steps) - predict.reserved_bytes(m))
+            shape = plan.PRESETS[r.run.model]
+            m = rank_memory(r.run, shape, counted(r, shape), r.zero_config or {}, seat(r))
+            worst = max(worst, max(s.peak_reserved_bytes for s in r.steps) - m.reserved)
     assert 1 * GIB < worst <= plan.ASSUMED["reserve_gib"][0] * GIB
 
 

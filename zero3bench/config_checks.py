@@ -13,6 +13,7 @@ import math
 import sys
 import typing
 from collections.abc import Collection, Iterator
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -30,6 +31,25 @@ READ_BY_INITIALIZE = {"sequence_parallel_size", "data_parallel_size"}
 # the optimizer names that DeepSpeed builds as its CPU Adam or CPU Lion when the optimizer is offloaded
 # (DeepSpeedEngine._configure_basic_optimizer), the only optimizers it lets ZeRO-Offload step
 CPU_OPTIMIZERS = ("adam", "adamw", "lion")
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The DeepSpeed config file as a dict."""
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"config not found: {path}") from None
+    except IsADirectoryError:
+        raise BadInput(f"config {path} is a directory, not a file") from None
+    except PermissionError:
+        raise BadInput(f"config {path} cannot be read: permission denied") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"config {path} is not valid JSON: {e}") from None
+    except OSError as e:
+        raise BadInput(f"config {path} cannot be read: {e.strerror}") from None
+    if not isinstance(config, dict):
+        raise BadInput(f"config {path} is not a JSON object")
+    return config
 
 
 @functools.cache

@@ -8,10 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
-
-if TYPE_CHECKING:  # result imports this module
-    from zero3bench.result import RankResult
+from typing import Any, TextIO, TypeVar
 
 T = TypeVar("T")
 
@@ -85,26 +82,6 @@ def format_table(rows: Sequence[Sequence[object]]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(line.rstrip() for line in lines)
-
-
-def other_bytes(results: list[RankResult], host: bool = False) -> int | None:
-    """The most any rank holds in tensors that are not model states, on the device or (host) in host memory."""
-    censuses = (r.host_state_breakdown if host else r.model_state_breakdown for r in results)
-    return max((census.other for census in censuses if census), default=None)
-
-
-def rank_table(results: list[RankResult]) -> str:
-    """One row per rank of one run: what it partitioned and what it holds."""
-    rows: list[tuple[object, ...]] = [("rank", "partitioned/total", "local elems", "model states", "predicted", "diff",
-                                       "other tensors", "peak", "status")]
-    for r in results:
-        measured, predicted = r.model_state_bytes, r.predicted_model_state_bytes
-        rows.append((r.rank, f"{fmt(r.partitioned_tensors, 'd')}/{fmt(r.param_tensors, 'd')}",
-                     fmt(r.local_param_elems, ","), fmt(measured or None, "bytes"),
-                     fmt(predicted or None, "bytes"), fmt(relative_error(measured, predicted), "+.1%"),
-                     fmt(other_bytes([r]), "bytes"), fmt(r.peak_mem_bytes or None, "bytes"),
-                     "OOM" if r.oom else "error" if r.error else "ok"))
-    return format_table(rows)
 
 
 def log(rank: int, msg: str) -> None:

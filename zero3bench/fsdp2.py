@@ -5,12 +5,7 @@ training loop makes.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from model import GPT  # train_gpt.py's model, beside the package
 
 
 def missing() -> str | None:
@@ -23,7 +18,7 @@ def missing() -> str | None:
     return None
 
 
-def shard(model: GPT, dtype: torch.dtype, compile_blocks: bool) -> GPT:
+def shard(model: torch.nn.Module, dtype: torch.dtype, compile_blocks: bool) -> torch.nn.Module:
     """fully_shard each block, then the rest, as torchtitan does. The weights stay in fp32 and sharded; a
     block is gathered in the training dtype for its forward and again for its backward, and its gradients are
     reduce-scattered in that dtype, as ZeRO-3 does. The model comes built in the training dtype, so its
@@ -44,7 +39,7 @@ class Engine:
     """FSDP2 behind the calls of DeepSpeed's engine that train_gpt.train() makes."""
     lr_scheduler = None
 
-    def __init__(self, module: GPT, optimizer: torch.optim.Optimizer, clipping: float) -> None:
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, clipping: float) -> None:
         self.module, self.optimizer, self.basic_optimizer, self.clipping = module, optimizer, optimizer, clipping
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:

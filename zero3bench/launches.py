@@ -58,7 +58,7 @@ def checked(argv: list[str], ranks: int) -> tuple[options.Run, dict[str, Any]]:
 
 def stage3_peak(run: options.Run, config: dict[str, Any], ranks: int) -> float:
     """The predicted peak of one stage-3 rank of ranks (inputs.predicted_memory) and the CUDA context."""
-    return inputs.predicted_memory(run, config, ranks)["peak"] + CONTEXT_BYTES
+    return inputs.predicted_memory(run, config, ranks).peak + CONTEXT_BYTES
 
 
 def rehearsal(argv: list[str]) -> tuple[int, str]:

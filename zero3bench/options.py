@@ -10,7 +10,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass, field as dataclass_field, fields as dataclass_fields
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -69,6 +69,16 @@ class Run:
     data: str | None = None  # --data, or None for Python's own sources
     fused_adamw: bool | None = None  # whether torch's fused AdamW steps on this device (compat.degrade)
     leaf_modules: bool | None = None  # whether ZeRO-3 gathers a whole block at once (compat.degrade)
+
+
+RUN_KEYS = {f.name for f in dataclass_fields(Run)}
+
+
+def run_from(d: dict[str, Any]) -> Run:
+    """The run that a record's keys name (a RESULT line's first), or a plan's. A log from before a field was recorded
+    lacks it: that run was DeepSpeed's, without DeepCompile or offload, its other settings unknown (None)."""
+    absent: dict[str, Any] = {**dict.fromkeys(RUN_KEYS), "engine": "deepspeed", "deepcompile": False, "offload": {}}
+    return Run(**{name: d.get(name, value) for name, value in absent.items()})
 
 
 class BadInput(Exception):
@@ -165,34 +175,6 @@ def nearest_option(unknown: list[str], ours: list[str]) -> str:
     if not near:
         return ""
     return f" (did you mean {near[0]}{', an option of run.sh' if near[0] in RUN_SH_OPTIONS else ''}?)"
-
-
-def check_token_file(path: Path) -> None:
-    if not path.is_file():
-        raise BadInput(f"--data {path}: {'not a file' if path.exists() else 'no such file'}")
-    if not os.access(path, os.R_OK):
-        raise BadInput(f"--data {path}: cannot be read: permission denied")
-    if path.stat().st_size % 2:
-        raise BadInput(f"--data {path}: not a flat uint16 token file (odd size)")
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """The DeepSpeed config file as a dict."""
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"config not found: {path}") from None
-    except IsADirectoryError:
-        raise BadInput(f"config {path} is a directory, not a file") from None
-    except PermissionError:
-        raise BadInput(f"config {path} cannot be read: permission denied") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadInput(f"config {path} is not valid JSON: {e}") from None
-    except OSError as e:
-        raise BadInput(f"config {path} cannot be read: {e.strerror}") from None
-    if not isinstance(config, dict):
-        raise BadInput(f"config {path} is not a JSON object")
-    return config
 
 
 def field(config: dict[str, Any], path: str, kinds: tuple[type, ...], default: Any = None, where: str = "") -> Any:
@@ -348,8 +330,7 @@ def first_timed_step(deepcompile: bool, stage: int | None) -> int:
 
 
 def deepcompile(config: dict[str, Any], args: argparse.Namespace, on_gpu: bool, where: str) -> None:
-    """DeepCompile works through engine.compile, so it implies --compile; only the steps after it compiles count
-    for speed."""
+    """DeepCompile works through engine.compile, so it implies --compile; only the steps after it compiles count."""
     args.deepcompile = field(config, "compile.deepcompile", (bool,), False, where)
     if not args.deepcompile:
         return

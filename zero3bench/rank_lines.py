@@ -1,15 +1,11 @@
 """One rank's result in words: the lines its log shows as it trains (step_line) and once it has run (human_lines),
-above its RESULT line."""
-from __future__ import annotations
+above its RESULT line (emit), and the table of a run's ranks."""
+import sys
 
-from typing import TYPE_CHECKING
-
+from zero3bench import parts
 from zero3bench.accounting import predict
-from zero3bench.formatting import fmt, gib, pct, relative_error, size
-
-if TYPE_CHECKING:  # result imports this module
-    from zero3bench import parts
-    from zero3bench.result import RankResult
+from zero3bench.formatting import fmt, format_table, gib, pct, relative_error, size
+from zero3bench.result import RankResult, result_line
 
 
 def step_line(r: RankResult, s: parts.Step) -> str:
@@ -83,3 +79,30 @@ def human_lines(r: RankResult) -> list[str]:
     if r.interrupted_by:
         lines.append(f"{tag} INTERRUPTED by {r.interrupted_by} after {len(r.steps)} step(s)")
     return lines
+
+
+def other_bytes(results: list[RankResult], host: bool = False) -> int | None:
+    """The most any rank holds in tensors that are not model states, on the device or (host) in host memory."""
+    censuses = (r.host_state_breakdown if host else r.model_state_breakdown for r in results)
+    return max((census.other for census in censuses if census), default=None)
+
+
+def rank_table(results: list[RankResult]) -> str:
+    """One row per rank of one run: what it partitioned and what it holds."""
+    rows: list[tuple[object, ...]] = [("rank", "partitioned/total", "local elems", "model states", "predicted", "diff",
+                                       "other tensors", "peak", "status")]
+    for r in results:
+        measured, predicted = r.model_state_bytes, r.predicted_model_state_bytes
+        rows.append((r.rank, f"{fmt(r.partitioned_tensors, 'd')}/{fmt(r.param_tensors, 'd')}",
+                     fmt(r.local_param_elems, ","), fmt(measured or None, "bytes"),
+                     fmt(predicted or None, "bytes"), fmt(relative_error(measured, predicted), "+.1%"),
+                     fmt(other_bytes([r]), "bytes"), fmt(r.peak_mem_bytes or None, "bytes"),
+                     "OOM" if r.oom else "error" if r.error else "ok"))
+    return format_table(rows)
+
+
+def emit(results: list[RankResult]) -> None:
+    """The ranks' human lines and RESULT lines, in one write so that ranks sharing a log don't interleave."""
+    lines = [line for r in results for line in (*human_lines(r), result_line(r))]
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()

@@ -6,35 +6,25 @@ and summary.json. A new figure is one property of RankResult and one row of repo
 import json
 import math
 import statistics
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
-from zero3bench import options, parts, rank_lines
-from zero3bench.accounting import explain, predict, shapes, traffic
-from zero3bench.exits import EXIT, SIGNALS
+from zero3bench import options, parts
+from zero3bench.accounting import traffic
 
-PARTITION_TOLERANCE = 0.10  # a rank's share of a kind of model state may differ from its promise by this
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
 # Their kernels are also counted where the wrapper does not see them (DTensor's norm in FSDP2's clipping).
 BUSBW_MIN_BYTES = 1 << 20
-RUN_KEYS = {f.name for f in fields(options.Run)}
+RUN_KEYS = options.RUN_KEYS
 Figure = TypeVar("Figure", int, float)  # most() gives the kind of figure it is given
-
-
-def run_from(d: dict[str, Any]) -> options.Run:
-    """The run of a RESULT line, whose keys begin with its fields. A log from before a field was recorded lacks
-    it: that run was DeepSpeed's, without DeepCompile or offload, and its other settings are unknown (None)."""
-    absent: dict[str, Any] = {**dict.fromkeys(RUN_KEYS), "engine": "deepspeed", "deepcompile": False, "offload": {}}
-    return options.Run(**{name: d.get(name, value) for name, value in absent.items()})
 
 
 @dataclass
 class RankResult:
     """One rank's result, built once as the rank starts (its options.Run first) and filled as it runs; a
     rank that fails keeps what it got. as_dict is its RESULT line; from_dict reads one back."""
-    run: options.Run = field(default_factory=lambda: run_from({}))  # its RESULT line carries its fields first, flat
+    run: options.Run = field(default_factory=lambda: options.run_from({}))  # its line carries its fields first, flat
     # where it ran
     rank: int | None = None
     world_size: int | None = None
@@ -102,7 +92,7 @@ class RankResult:
         """A RESULT line's result; its figures are worked out again, and keys it does not know (a figure, or
         a field of an older or newer version) are passed over. Logs from before flops_per_token and peak_tflops
         were recorded stored only the figures made of them: those give them back."""
-        r = cls(run_from(d), **{**{k: v for k, v in d.items() if k in FIELDS}, **parts.of(d)})
+        r = cls(options.run_from(d), **{**{k: v for k, v in d.items() if k in FIELDS}, **parts.of(d)})
         tflops, tokens = d.get("tflops_per_gpu"), d.get("tokens_per_s")
         if r.flops_per_token is None and tflops and tokens and r.gpus:
             r.flops_per_token = tflops * 1e12 * r.gpus / tokens
@@ -249,79 +239,5 @@ def as_dict(r: RankResult) -> dict[str, Any]:
     return {**own.pop("run"), **own, **{name: getattr(r, name) for name in FIGURES}}
 
 
-def held_bytes(r: RankResult) -> dict[str, int]:
-    """This rank's model states by kind, on the device and in host memory together."""
-    device, host = r.model_state_breakdown, r.host_state_breakdown
-    return {kind: device.kind(kind) + (host.kind(kind) if host else 0) for kind in predict.KINDS}
-
-
-def add_predictions(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zero: dict[str, Any]) -> None:
-    """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
-    optimizer step's fp32 gradients and the peak (predict.rank_memory, from this rank's counts), against which
-    the measurement is judged; zero is the zero_optimization section as DeepSpeed read it."""
-    run = r.run
-    shard = predict.shard_elems(run.stage, r.params_total, r.local_param_elems, r.world_size)
-    m = predict.rank_memory(run.stage, run.engine, run.dtype, r.world_size, r.params_total, zero, shape, shard=shard,
-                            persistent=r.persistent_elems, largest=r.largest_param_elems, micro_batch=run.micro_batch,
-                            seq=run.seq, checkpoint=run.checkpoint, loss_chunk=loss_chunk, offload=run.offload,
-                            flash=predict.uses_flash(r.mem_kind == "cuda", run.dtype), rehearsed=bool(r.rehearsal),
-                            on_gpu=r.mem_kind == "cuda", deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM,
-                            rank=r.rank)
-    r.predicted_breakdown = m["breakdown"]
-    r.predicted_model_state_bytes, r.predicted_host_state_bytes = m["states"], m["host_states"]
-    r.deepspeed_estimate = predict.deepspeed_estimate(run.stage, r.params_total, r.largest_param_elems,
-                                                      r.ranks_per_node, r.world_size // r.ranks_per_node,
-                                                      run.offload) if run.engine == "deepspeed" else None
-    r.activation_estimate_bytes, r.step_transient_bytes = m["activations"], m["transient"]
-    r.predicted_peak_bytes = m["peak"]
-
-
-def add_shares(r: RankResult) -> None:
-    """What this rank holds of each kind of model state against what its stage promises: the paper's shares, where
-    the prediction also holds what DeepSpeed keeps beyond them."""
-    run = r.run
-    whole = predict.model_states(run.stage, run.dtype, r.params_total, r.params_total, engine=run.engine)
-    shard = predict.shard_elems(run.stage, r.params_total, r.local_param_elems, r.world_size)
-    paper = predict.model_states(run.stage, run.dtype, r.params_total, shard, r.persistent_elems, run.engine)
-    r.held_fraction = predict.shares(held_bytes(r), whole)
-    r.promised_fraction = predict.shares(paper, whole)
-    straddling = 2 * r.largest_param_elems / r.params_total
-    r.partition_check_ok = predict.holds_as_promised(r.held_fraction, r.promised_fraction, r.run.stage, straddling,
-                                                     PARTITION_TOLERANCE)
-
-
-def finish(r: RankResult, shape: shapes.GPTConfig, loss_chunk: int, zero: dict[str, Any],
-           memory_now: parts.MemorySnapshot) -> None:
-    """Complete a rank's result once it has run: its peaks, and where it counted its model states, the
-    predictions and shares they are judged against. zero is the config's zero_optimization section;
-    memory_now the memory snapshot at the end."""
-    taken = [memory_now, *([r.memory_at_start] if r.memory_at_start else [])]
-    snapshots: list[parts.MemorySnapshot | parts.Step] = [*taken, *r.steps]  # a step carries its snapshot's fields
-    r.peak_mem_bytes = most(s.peak_mem_bytes for s in snapshots)
-    r.peak_reserved_bytes = most(s.peak_reserved_bytes for s in snapshots)
-    r.host_peak_rss_bytes = most(s.host_peak_rss_bytes for s in snapshots)
-    r.device_total_bytes = memory_now.device_total_bytes
-    if r.model_state_breakdown:
-        add_predictions(r, shape, loss_chunk, r.zero_config or zero)  # as DeepSpeed read it, where it did
-        add_shares(r)
-        r.differences = explain.differences(r, held_bytes(r))
-
-
-def exit_status(r: RankResult) -> int:
-    """The rank's exit status: 128 plus the signal that interrupted it, else as exits.EXIT says."""
-    if r.oom or r.error and not r.error.startswith("Interrupted"):  # a failure, though a signal came after it
-        return EXIT["out of memory" if r.oom else "failed"]
-    if r.interrupted_by:
-        return 128 + SIGNALS.get(r.interrupted_by, SIGNALS["SIGTERM"])
-    return EXIT["diverged"] if r.diverged or r.nonfinite_loss else EXIT["done"]
-
-
 def result_line(r: RankResult) -> str:
     return "RESULT " + json.dumps(as_dict(r))
-
-
-def emit(results: list[RankResult]) -> None:
-    """The ranks' human lines and RESULT lines, in one write so that ranks sharing a log don't interleave."""
-    lines = [line for r in results for line in (*rank_lines.human_lines(r), result_line(r))]
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()

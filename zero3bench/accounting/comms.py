@@ -12,16 +12,13 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed
 
 from zero3bench import compat, parts
 from zero3bench.accounting import traffic
-
-if TYPE_CHECKING:
-    from zero3bench.result import RankResult
 
 # torch.distributed's collectives by the kind of collective they are, and the argument that holds their size;
 # torch 2.14 renamed the two single-tensor ones, and FSDP2 calls the new names
@@ -156,13 +153,13 @@ def gather_seconds(device: torch.device, nbytes: int, world: int) -> float | Non
         gathered = mine = None
 
 
-def link_curve(device: torch.device, r: RankResult) -> dict[str, float] | None:
+def link_curve(device: torch.device, shared_gpu: bool) -> dict[str, float] | None:
     """The link as a curve: the bus bandwidth of an all-gather alone at each of LINK_SIZES, as nccl-tests'
     all_gather_perf gives it, in bytes per second by message bytes (a string: JSON's keys are). None without
-    NCCL between GPUs or under a memory cap; it stops at the first size that does not fit, and its memory is
-    left out of the run's peak."""
+    NCCL between GPUs (shared_gpu: ranks rehearsed on one GPU, or under a memory cap); it stops at the first size
+    that does not fit, and its memory is left out of the run's peak."""
     world = torch.distributed.get_world_size()
-    if device.type != "cuda" or r.rehearsal or r.run.max_mem_gib or world < 2:
+    if device.type != "cuda" or shared_gpu or world < 2:
         return None
     curve = {}
     for nbytes in LINK_SIZES:

@@ -3,13 +3,13 @@ The host memory of a rank that offloads its optimizer at stage 3: the peak of it
 allocates there. Pure arithmetic, as predict.py.
 """
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from zero3bench.accounting.moments import prefetch_reach, zero_setting
+from zero3bench.accounting.moments import prefetch_reach
+from zero3bench.accounting.predict import zero_setting
 from zero3bench.accounting.predict import ADAM_BYTES, MASTER_BYTES
+from zero3bench.accounting.shapes import ModelShape
 from zero3bench.stages import shards_params
-if TYPE_CHECKING:  # shapes imports predict
-    from zero3bench.accounting.shapes import GPTConfig
 
 # Fitted on 1.3b offloaded on one H200 (benchmarks/logs/h200/29-live/1-live/timeline/offload_r1_rank0.csv), held
 # out on 350m and 2.7b: the resident set once the engine was ready, less the host tensors below (the process:
@@ -29,7 +29,7 @@ def sub_groups(shard: float, zero: dict[str, Any]) -> list[float]:
     return [size] * int(shard // size) + ([shard % size] if shard % size else [])
 
 
-def staging_bytes(width: int, world: int, zero: dict[str, Any], shape: "GPTConfig", params: float) -> float:
+def staging_bytes(width: int, world: int, zero: dict[str, Any], shape: ModelShape, params: float) -> float:
     """Ranks rehearsed on one GPU talk over gloo, which copies each all-gather's input and output through pinned
     host blocks that torch's allocator keeps: one pair for each gather in flight at once, as many as the prefetch
     holds ahead of backward (moments.prefetch_reach), one prefetch each."""
@@ -38,7 +38,7 @@ def staging_bytes(width: int, world: int, zero: dict[str, Any], shape: "GPTConfi
     return math.ceil(ahead / gather) * (pinned(width * gather) + pinned(width * gather / world))
 
 
-def host_peak_bytes(stage: int, width: int, world: int, shard: float, zero: dict[str, Any], shape: "GPTConfig",
+def host_peak_bytes(stage: int, width: int, world: int, shard: float, zero: dict[str, Any], shape: ModelShape,
                     params: float, rehearsed: bool) -> float | None:
     """The peak resident set of a stage-3 rank whose optimizer DeepSpeed offloads to the CPU (None otherwise):
     the process; its 16-bit gradient partition, pinned (stage3.py: grad_partitions_flat_buffer); its fp32 weights;

@@ -1,15 +1,13 @@
 """What theory says one rank holds: the ZeRO paper's model states (Rajbhandari et al., 2020, Figure 1 and
 section 5), DeepSpeed's own estimator, and the activations (Korthikanti et al., 2022). Pure arithmetic on
 counts, with no torch and no deepspeed, so that it is tested against the paper's own figures."""
+import itertools
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from zero3bench.accounting.moments import (grad_layout, kept_grad_elems, prefetch_bytes, regathered_bytes,
-                                           scatter_bytes, stage1_reduction_elems, sub_group_elems, zero_setting)
+from zero3bench.accounting.shapes import ModelShape
 from zero3bench.stages import PARTITIONS, shards_nothing, shards_params, splits_one_buffer
-if TYPE_CHECKING:  # shapes imports this module
-    from zero3bench.accounting.shapes import GPTConfig
 
 # The kinds of model state, and the kinds of state a stage partitions them as.
 KINDS = ("params", "grads", "master", "moments")
@@ -17,6 +15,15 @@ PARTITIONED_AS = {"params": "params", "grads": "grads", "master": "optimizer", "
 WIDTH = {"bf16": 2, "fp16": 2, "fp32": 4}
 ADAM_BYTES = 8  # fp32 momentum and variance per element
 MASTER_BYTES = 4  # an fp32 copy of the weights per element
+
+
+# DeepSpeed's settings as it reads them: its own value where a config's zero_optimization section sets none
+DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7, "reduce_bucket_size": 5e8,
+                      "stage3_max_live_parameters": 1e9, "memory_efficient_linear": True}
+
+def zero_setting(zero: dict[str, Any], key: str) -> Any:
+    """A setting of a config's zero_optimization section, or DeepSpeed's own value where it sets none."""
+    return zero.get(key, DEEPSPEED_DEFAULTS[key])
 
 
 def partitioned(stage: int, kind: str) -> bool:
@@ -32,7 +39,7 @@ def model_states(stage: int, dtype: str, full: float, shard: float, persistent: 
     stage3.py compares a tensor's device with a string, so it never reuses the weights): 4 more bytes per partition
     element. FSDP2 (engine "fsdp2") keeps the fp32 weights themselves and fp32 gradients, sharded, and makes the 16-bit
     weights only for compute: the same 16 bytes per element, as 4 + 4 + 0 + 8. grads: the gradient elements held
-    where they are not what the paper says (DeepSpeed's stages 1 and 2: moments.whole_tensor_grad_elems)."""
+    where they are not what the paper says (DeepSpeed's stages 1 and 2: predict.whole_tensor_grad_elems)."""
     width = WIDTH[dtype]
     per_element = {"params": width, "grads": width, "moments": ADAM_BYTES,
                    "master": MASTER_BYTES if width < 4 or not shards_nothing(stage) else 0}
@@ -85,7 +92,7 @@ def deepspeed_estimate(stage: int, total: int, largest: int, ranks_per_node: int
     return {"device": layer + int(18 * total / gpus), "host_per_node": int(largest * 4 * ranks_per_node * buffer)}
 
 
-def block_activation_bytes(shape: "GPTConfig", width: int, tokens: int, seq: int, flash: bool) -> int:
+def block_activation_bytes(shape: ModelShape, width: int, tokens: int, seq: int, flash: bool) -> int:
     """What one block of model.py saves for backward: 16 values of d_model per token in the training dtype
     (ln_1's input, qkv's input, q, k and v, attention's output, which proj takes as it is, ln_2's input, fc's
     input, GELU's input and mlp.proj's input, 4 d_model each), the two LayerNorms' fp32 mean and rstd, and
@@ -96,7 +103,7 @@ def block_activation_bytes(shape: "GPTConfig", width: int, tokens: int, seq: int
     return tokens * per_token + (0 if flash else width * shape.heads * seq * tokens)
 
 
-def output_layer_bytes(shape: "GPTConfig", width: int, tokens: int, loss_chunk: int) -> int:
+def output_layer_bytes(shape: ModelShape, width: int, tokens: int, loss_chunk: int) -> int:
     """The most that backward holds for the layers above the blocks, on top of what the blocks keep: ln_f's
     input and output (the output layer's input), and at the last chunk of the loss, the logits (kept for the
     loss, recomputed chunk by chunk), the other chunks' gradients, which the split's backward joins only once all
@@ -113,7 +120,7 @@ def uses_flash(on_gpu: bool, dtype: str) -> bool:
     return on_gpu and WIDTH[dtype] == 2
 
 
-def activation_bytes(shape: "GPTConfig", dtype: str, micro_batch: int, seq: int, checkpoint: bool, flash: bool,
+def activation_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, checkpoint: bool, flash: bool,
                      loss_chunk: int) -> int:
     """The activations when backward starts, their most: every block's saved tensors, or with checkpointing each
     block's input only, and the output layer's backward (output_layer_bytes); with checkpointing, a block
@@ -126,7 +133,7 @@ def activation_bytes(shape: "GPTConfig", dtype: str, micro_batch: int, seq: int,
     return shape.layers * block + output
 
 
-def blocks_backward_bytes(shape: "GPTConfig", dtype: str, micro_batch: int, seq: int, checkpoint: bool,
+def blocks_backward_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, checkpoint: bool,
                           flash: bool) -> int:
     """The activations when the blocks' backward starts, the output layer's done: every block's saved tensors, or
     with checkpointing each block's input and the last block recomputed."""
@@ -259,120 +266,11 @@ def saved_weights_bytes(stage: int, engine: str, width: int, world: int, layers:
 WORKSPACE_BYTES = 72 * 10**6
 
 
-def peak_bytes(m: dict[str, Any]) -> float:
-    """A rank's peak, the most of its moments, on top of what it holds throughout (m["held"]: the model states
-    and buffers, less the gradients it frees between steps, and the workspace); m: rank_memory's terms.
-    - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes), the
-      activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
-    - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights gathered,
-      and the first block's activations, whose backward comes last;
-    - stage 3's reduction of its first full bucket in backward, after the output layer's, with the weights gathered
-      (scatter_bytes);
-    - stage 3's backward with checkpointing where the prefetch holds the most ahead (prefetch_bytes);
-    - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
-    - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
-      (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's gradient;
-      on rehearsed ranks, the all-gather of the updated weights at the step's end (regathered_bytes).
-    Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
-    linearly from one end to the other, so their most is at an end."""
-    return m["held"] + max(m["gathered"] + m["saved_weights"] + m["activations"] + m["backward_buckets"],
-                           m["gathered"] + m["scatter"], m["prefetched"],
-                           m["freed_grads"] + m["gathered"] + m["last_block"], m["reduced_grads"] + m["reduction"],
-                           m["offloaded_grad"], m["partition_grads"] + max(m["transient"], m["overflow_check"]),
-                           m["regathered"])
-
-
 def reduced_grads_bytes(stage: int, dtype: str, freed: float, transient: float) -> float:
     """The gradients alive while they are reduced after backward: at stage 0 in bf16, the bf16 optimizer's fp32
     copies, into which its hooks moved the bf16 ones (bf16_optimizer.py, accumulate_hp_grads_and_remove_lp);
     else those that backward made."""
     return transient if shards_nothing(stage) and dtype == "bf16" else freed
-
-
-def reserved_bytes(memory: dict[str, Any]) -> float:
-    """The least that PyTorch's caching allocator reserves, as torchtitan reports memory (max_reserved): the
-    peak, and the gradients that a rank frees after each step, whose cached blocks the next forward's larger
-    activations cannot reuse. At 24-peaks FSDP2's reserved exceeded its allocated peak by 3.9 to 6.7 GB on one
-    rank, its gradients being 5.3 GB, where stage 3, which keeps them, exceeded it by 0.3 to 1.4 GB.
-    Fragmentation besides is not predicted. memory: rank_memory's terms."""
-    return memory["peak"] + memory["freed_grads"]
-
-
-NO_OFFLOAD = {"optimizer": None, "param": None}
-
-
-def shape_elems(shape: "GPTConfig | None", block: float | None, root: int | None,
-                largest: int | None) -> tuple[float, int, int, int]:
-    """One block's elements, those outside the blocks, the largest tensor's (the sub-group's overrun) and the
-    embedding's: as given, else the shape's (the embedding the largest), else none."""
-    embedding = shape.padded_vocab * shape.d_model if shape else 0
-    return ((shape.block_params if shape else 0) if block is None else block,
-            (shape.root_params if shape else 0) if root is None else root,
-            embedding if largest is None else largest, embedding)
-
-
-def rank_memory(stage: int, engine: str, dtype: str, world: int, params: int, zero: dict[str, Any],
-                shape: "GPTConfig | None" = None, *, shard: float | None = None, persistent: int = 0,
-                largest: int | None = None, block: float | None = None, root: int | None = None, micro_batch: int = 0,
-                seq: int = 0, checkpoint: bool = False, flash: bool = True, loss_chunk: int = 1,
-                offload: Mapping[str, str | bool | None] = NO_OFFLOAD, on_gpu: bool = True,
-                deepspeed_adam: bool = False, rehearsed: bool = False, rank: int | None = None) -> dict[str, Any]:
-    """One rank's memory in bytes, by term, and its predicted peak: the one formula that the RESULT records, the
-    plan and the rehearsal's sizing use. params: the model's; shard: this rank's partition (counted, with
-    padding; ceil(params / world) by default); persistent: elements stage 3 keeps whole besides; largest, block
-    and root: shape_elems. Without a shape, no activations. on_gpu: False where host and device are one memory (CPU
-    runs), which have no workspace. rank: with a shape, the gradients DeepSpeed's stages 1 and 2 keep on it."""
-    width, (block, root, largest, embedding) = WIDTH[dtype], shape_elems(shape, block, root, largest)
-    shard = shard_elems(stage, params, math.ceil(params / world), world) if shard is None else shard
-    paper = model_states(stage, dtype, params, shard, persistent, engine)  # backward makes all of stage 1's grads
-    states = model_states(stage, dtype, params, shard, persistent, engine,
-                          kept_grad_elems(stage, engine, world, params, shape, rank, offload))
-    on_host = host_kinds(offload) if on_gpu else []
-    device = sum(v for k, v in states.items() if k not in on_host) + (width * persistent if "params" in on_host else 0)
-    freed = paper["grads"] if frees_grads(stage, engine) and "grads" not in on_host else 0
-    activations = activation_bytes(shape, dtype, micro_batch, seq, checkpoint, flash, loss_chunk) if shape else 0
-    last_block = block_activation_bytes(shape, width, micro_batch * seq, seq, flash) if shape else 0
-    m: dict[str, Any] = {"breakdown": states, "states": device, "host_states": sum(states.values()) - device,
-         "host_buffers": host_buffer_bytes(shard, offload) if on_gpu else 0,
-         "buffers": buffer_bytes(stage, engine, width, zero), "workspace": WORKSPACE_BYTES if on_gpu else 0,
-         "freed_grads": freed, "gathered": gathered_bytes(stage, engine, width, world, block, embedding, root,
-                                                          zero_setting(zero, "stage3_prefetch_bucket_size"), params),
-         "saved_weights": saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0, block,
-                                              checkpoint, zero),
-         "activations": activations, "last_block": last_block,
-         "scatter": scatter_bytes(stage, engine, width, world, zero, params, blocks_backward_bytes(
-             shape, dtype, micro_batch, seq, checkpoint, flash) if shape else 0, embedding),
-         "prefetched": prefetch_bytes(stage, engine, width, world, zero, shape, params, checkpoint, micro_batch * seq,
-                                      last_block, activations) if shape else 0,
-         "regathered": regathered_bytes(stage, engine, width, params, world, rehearsed),
-         **step_terms(stage, engine, dtype, world, params, shard, largest, zero, shape, offload, freed, deepspeed_adam,
-                      rank)}
-    m["held"] = m["states"] - (states["grads"] if freed else 0) + m["buffers"] + m["workspace"]
-    m["peak"] = peak_bytes(m)
-    return m
-
-
-def step_terms(stage: int, engine: str, dtype: str, world: int, params: int, shard: float, largest: int,
-               zero: dict[str, Any], shape: "GPTConfig | None", offload: Mapping[str, str | bool | None], freed: float,
-               deepspeed_adam: bool, rank: int | None = None) -> dict[str, float]:
-    """rank_memory's terms of the moments after forward: stage 2's buckets in backward, the reduction and the
-    gradients it reduces (stage 1's own on a rank whose layout is known), the partition's gradients at the step and
-    what the step makes."""
-    offloaded = bool(offload["optimizer"])
-    sub_group = sub_group_elems(zero, largest, world) if shards_params(stage) else None
-    transient = step_transient_bytes(stage, dtype, shard, offloaded, engine, sub_group, deepspeed_adam)
-    largest_in_block = 3 * shape.d_model**2 if shape else 0  # qkv's weight
-    reduction = 0 if offloaded else reduction_bytes(stage, engine, dtype, params, shard, zero, largest_in_block)
-    groups = grad_layout(stage, engine, params, shape, rank, offload)
-    if groups and rank is not None and not partitioned(stage, "grads"):
-        reduction = WIDTH[dtype] * stage1_reduction_elems(groups, world, rank, zero) + grad_bucket_bytes(
-            stage, engine, WIDTH[dtype], zero)
-    partition = WIDTH[dtype] * shard if freed and splits_one_buffer(stage) else freed
-    buckets = grad_bucket_bytes(stage, engine, WIDTH[dtype], zero) if partitioned(stage, "grads") else 0
-    return {"reduction": reduction, "backward_buckets": buckets,
-            "reduced_grads": reduced_grads_bytes(stage, dtype, freed, transient), "partition_grads": partition,
-            "transient": transient, "overflow_check": overflow_check_bytes(stage, engine, dtype, shard),
-            "offloaded_grad": offloaded_grad_bytes(stage, engine, WIDTH[dtype], largest, world, offloaded)}
 
 
 def shares(states: Mapping[str, float], whole: Mapping[str, float]) -> dict[str, float]:
@@ -396,5 +294,107 @@ def holds_as_promised(held: Mapping[str, float], promised: Mapping[str, float], 
                for g in held)
 
 
-def padded(vocab: int, multiple: int = 64) -> int:
-    return multiple * math.ceil(vocab / multiple)
+# DeepSpeed's own layout: a stage-3 sub-group, and the gradients that stages 1 and 2 keep whole on a rank
+
+def sub_group_elems(zero: dict[str, Any], largest: int, world: int) -> float:
+    """The most elements of one stage-3 sub-group: a sub-group closes at the parameter that reaches
+    sub_group_size, so it may exceed it by one partition."""
+    return zero_setting(zero, "sub_group_size") + math.ceil(largest / world)
+
+
+# DeepSpeed's stages 1 and 2 pad each flat group to a multiple of this many elements per rank (stage_1_and_2.py:
+# nccl_start_alignment_factor, 4-byte alignment of 16-bit elements).
+ALIGNMENT = 2
+
+
+def in_partition(group: Sequence[int], world: int, rank: int) -> list[bool]:
+    """For each tensor of a flat group, in order, whether it overlaps this rank's 1/G of the group, padded to
+    ALIGNMENT elements a rank."""
+    part = math.ceil(sum(group) / (ALIGNMENT * world)) * ALIGNMENT
+    return [first < (rank + 1) * part and first + n > rank * part
+            for n, first in zip(group, itertools.accumulate(group, initial=0))]
+
+
+def whole_tensor_grad_elems(groups: Sequence[Sequence[int]], world: int, rank: int) -> int:
+    """The gradient elements that DeepSpeed's stages 1 and 2 hold on a rank after backward. Both reduce the gradients
+    during backward and keep, whole, those of the tensors that overlap this rank's 1/G of each flat group
+    (stage_1_and_2.py, independent_gradient_partition_epilogue: get_flat_partition's list of them); stage 1 keeps
+    no more, where the paper keeps every gradient. groups: each param group's tensor elements, in order."""
+    held = 0
+    for group in groups:
+        total, part = sum(group), math.ceil(sum(group) / (ALIGNMENT * world)) * ALIGNMENT
+        held += sum(n for n, mine in zip(group, in_partition(group, world, rank)) if mine)
+        held += max(0, (rank + 1) * part - max(total, rank * part))  # the group's padding, in the last partitions
+    return held
+
+
+def grad_layout(stage: int, engine: str, params: int, shape: ModelShape | None, rank: int | None,
+                offload: Mapping[str, str | bool | None]) -> Sequence[Sequence[int]] | None:
+    """Each param group's tensor elements, in order (the shape's decay groups), where DeepSpeed's stages 1 and 2 lay
+    them out in flat groups on the GPU and the layout can be known: a rank, and a shape whose tensors are the model's
+    params; None elsewhere."""
+    flat = engine == "deepspeed" and splits_one_buffer(stage) and not offload["optimizer"]
+    known = shape is not None and rank is not None and sum(map(sum, shape.decay_groups)) == params
+    return shape.decay_groups if flat and known and shape else None
+
+
+def kept_grad_elems(stage: int, engine: str, world: int, params: int, shape: ModelShape | None, rank: int | None,
+                    offload: Mapping[str, str | bool | None]) -> int | None:
+    """The gradient elements that DeepSpeed's stages 1 and 2 keep on a rank after backward (whole_tensor_grad_elems)
+    where grad_layout knows them; None where the paper's hold."""
+    groups = grad_layout(stage, engine, params, shape, rank, offload)
+    return whole_tensor_grad_elems(groups, world, rank) if groups and rank is not None else None
+
+
+def telling_ranks(stage: int, engine: str, world: int, params: int, shape: ModelShape | None,
+                  offload: Mapping[str, str | bool | None]) -> list[int]:
+    """The ranks among which the one that holds the most is, where grad_layout knows the flat groups: those whose
+    partition holds a tensor's first or last element, and the last; a rank inside one tensor keeps its gradients
+    and moved those before it, no more than the rank where the tensor starts. Elsewhere the ranks hold alike, and
+    rank 0 stands for them all (2**20 ranks took 4 minutes, one at a time)."""
+    groups = grad_layout(stage, engine, params, shape, 0, offload)
+    ranks = {0, world - 1}
+    for group in groups or []:
+        part = math.ceil(sum(group) / (ALIGNMENT * world)) * ALIGNMENT
+        for n, first in zip(group, itertools.accumulate(group, initial=0)):
+            ranks |= {first // part, (first + n - 1) // part}
+    return sorted(ranks) if groups else [0]
+
+
+def moved_grad_elems(groups: Sequence[Sequence[int]], world: int, rank: int, bucket: float) -> int:
+    """The gradient elements that stage 1's reduction after backward has moved into its bucket, freeing their own,
+    before it reaches the first tensor of this rank's partition: every tensor before it, in the groups' order, but
+    those larger than the bucket, which it reduces in place (stage_1_and_2.py, reduce_independent_p_g_buckets_and_
+    remove_grads: extra_large_param_to_reduce)."""
+    moved = 0
+    for group in groups:
+        for n, mine in zip(group, in_partition(group, world, rank)):
+            if mine:
+                return moved
+            moved += n if n <= bucket else 0
+    return moved
+
+
+def stage1_reduction_elems(groups: Sequence[Sequence[int]], world: int, rank: int, zero: dict[str, Any]) -> int:
+    """Stage 1's reduction after backward (stage_1_and_2.py, reduce_gradients without overlap_comm) above every
+    gradient that backward made and its bucket, in elements: the most of two moments. First, a tensor larger than
+    the bucket (the embedding) is reduced on its own, through two copies of it (allreduce_bucket's flat copy and
+    one more); then the rank's first tensor allocates the partition's contiguous gradients (copy_grads_in_partition:
+    whole_tensor_grad_elems), once the tensors before it have moved into the bucket (moved_grad_elems). Read off
+    the 1.3b model's stage 1 on 4 and 8 rehearsed ranks (28-suite-matrix), where rank 0 peaked 0.25 GiB above
+    ranks 1 to 3; it held to 0.2% on 350m at 2 (fp32), 3 and 8 ranks and 2.7b at 4 (benchmarks/logs/h200/32-s12)."""
+    bucket = zero_setting(zero, "reduce_bucket_size")
+    largest = max(map(max, groups))
+    alone = 2 * largest if largest > bucket else 0
+    return max(alone, whole_tensor_grad_elems(groups, world, rank) - moved_grad_elems(groups, world, rank, bucket))
+
+
+def stage1_reduction_bytes(stage: int, engine: str, width: int, world: int, params: int, shape: ModelShape | None,
+                           rank: int | None, offload: Mapping[str, str | bool | None],
+                           zero: dict[str, Any]) -> float | None:
+    """Stage 1's reduction after backward on a rank whose flat groups grad_layout knows (stage1_reduction_elems), in
+    bytes; None elsewhere, where the reduction is the paper's (predict.reduction_bytes)."""
+    groups = grad_layout(stage, engine, params, shape, rank, offload)
+    if not groups or rank is None or partitioned(stage, "grads"):
+        return None
+    return width * stage1_reduction_elems(groups, world, rank, zero)

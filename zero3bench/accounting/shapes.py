@@ -1,52 +1,109 @@
 """
-The GPT's shapes, without torch: train_gpt.py builds its model from them and plan.py plans a cluster from them.
+A model's shape, without torch: what the accounting reads of a model (its layers, widths, heads, vocabulary and the
+kinds of its parts), as a Hugging Face config describes a family. train_gpt.py builds model.py's GPT from one and
+plan.py plans a cluster from one; the GPT presets below are instances of it.
 """
+import math
 from dataclasses import dataclass
-
-from zero3bench.accounting import predict
 
 LOSS_CHUNK = 256  # rows of logits per chunk of the loss
 
 
+def padded(vocab: int, multiple: int = 64) -> int:
+    return multiple * math.ceil(vocab / multiple)
+
+
 @dataclass(frozen=True)
-class GPTConfig:
+class ModelShape:
+    """A decoder-only transformer's shape. The defaults are model.py's GPT (GPT-2/3): multi-head attention, a
+    GELU MLP of 4 x d_model, LayerNorms, learned positions, biases everywhere and the embedding tied to the output
+    layer; a family that differs says so in its fields, which the accounting reads where they matter."""
     layers: int
     heads: int
-    d_model: int
+    d_model: int  # the hidden size
     vocab: int
     context: int
     lr: float | None  # the peak learning rate after the warm-up, for the benchmark's few steps and small batches
+    kv_heads: int | None = None  # key/value heads (grouped-query attention); None: as many as heads
+    ffn: int | None = None  # the MLP's inner width; None: 4 x d_model
+    mlp: str = "gelu"  # "gelu": fc, GELU, proj; "gated": gate and up, SiLU's product, down (Llama)
+    tied: bool = True  # the output layer is the token embedding
+    norm_kind: str = "layernorm"  # "layernorm" (weight and bias) or "rmsnorm" (weight alone)
+    positions: str = "learned"  # "learned" (an embedding of context rows) or "rope" (no parameters)
+    bias: bool = True  # whether attention's and the MLP's linear layers have biases
+    vocab_multiple: int = 64  # the embedding's rows are the vocabulary padded to a multiple of this
 
     @property
     def padded_vocab(self) -> int:
         # a multiple of 64 rows: the output layer's matmul with 50257 rows ran 5.6x slower on an H200 than with
         # 50304 (benchmarks/logs/h200/1-first-look/env.txt); the extra rows are tokens that never occur
-        return predict.padded(self.vocab)
+        return padded(self.vocab, self.vocab_multiple)
+
+    @property
+    def kv_width(self) -> int:
+        """The width of the keys (and of the values): kv_heads heads of d_model / heads."""
+        return (self.kv_heads or self.heads) * (self.d_model // self.heads)
+
+    @property
+    def inner(self) -> int:
+        return self.ffn or 4 * self.d_model
+
+    @property
+    def norm(self) -> list[int]:
+        """One norm's tensors: a LayerNorm's weight and bias, or an RMSNorm's weight."""
+        return [self.d_model] * (2 if self.norm_kind == "layernorm" else 1)
+
+    @property
+    def block_tensors(self) -> tuple[list[int], list[int]]:
+        """One block's tensors in model.py's order, split as train_gpt.decay_groups splits them: the matrices
+        (attention's, then the MLP's), and the vectors (the first norm, attention's biases, the second norm, the
+        MLP's biases)."""
+        d, kv, f = self.d_model, self.kv_width, self.inner
+        if kv == d and self.mlp == "gelu":  # model.py's attention: q, k and v as one matrix
+            attention, attention_bias = [3 * d * d, d * d], [3 * d, d]
+        else:
+            attention, attention_bias = [d * d, kv * d, kv * d, d * d], [d, kv, kv, d]
+        mlp, mlp_bias = ([f * d, f * d, d * f], [f, f, d]) if self.mlp == "gated" else ([d * f, f * d], [f, d])
+        if not self.bias:
+            attention_bias, mlp_bias = [], []
+        return attention + mlp, self.norm + attention_bias + self.norm + mlp_bias
 
     @property
     def block_params(self) -> int:
-        """One block: two LayerNorms (2d each), qkv and its projection (4d² + 4d), the MLP (8d² + 5d)."""
-        return 12 * self.d_model**2 + 13 * self.d_model
+        """One block: for model.py's, two LayerNorms (2d each), qkv and its projection (4d² + 4d), the MLP (8d² +
+        5d)."""
+        return sum(map(sum, self.block_tensors))
+
+    @property
+    def embedding(self) -> int:
+        """The token embedding's elements (the largest tensor, or as large as the untied output layer)."""
+        return self.padded_vocab * self.d_model
 
     @property
     def root_params(self) -> int:
-        """Outside the blocks: the token embedding, tied to the output layer, the positions and the final
-        LayerNorm. FSDP2 shards them as the root module."""
-        return (self.padded_vocab + self.context + 2) * self.d_model
+        """Outside the blocks: the token embedding (with its own output layer where untied), the positions and the
+        final norm. FSDP2 shards them as the root module."""
+        positions = self.context * self.d_model if self.positions == "learned" else 0
+        return (1 if self.tied else 2) * self.embedding + positions + sum(self.norm)
 
     @property
     def params(self) -> int:
         return self.root_params + self.layers * self.block_params
 
     @property
+    def qkv_params(self) -> int:
+        """Attention's input projections: model.py's qkv weight (3d²), or q, k and v."""
+        return self.d_model * (self.d_model + 2 * self.kv_width)
+
+    @property
     def decay_groups(self) -> tuple[list[int], list[int]]:
         """Each tensor's elements, in model.py's order, in train_gpt.decay_groups' two groups: the matrices (the
         token embedding, tied to the output layer, the positions, and each block's qkv, projection and MLP
         weights), then the vectors (each block's LayerNorms and biases, and the final LayerNorm)."""
-        d = self.d_model
-        matrices = [self.padded_vocab * d, self.context * d] + self.layers * [3 * d * d, d * d, 4 * d * d, 4 * d * d]
-        vectors = self.layers * [d, d, 3 * d, d, d, d, 4 * d, d] + [d, d]
-        return matrices, vectors
+        matrices, vectors = self.block_tensors
+        positions = [self.context * self.d_model] if self.positions == "learned" else []
+        untied = [] if self.tied else [self.embedding]
+        return [self.embedding, *positions, *self.layers * matrices, *untied], [*self.layers * vectors, *self.norm]
 
 
 # The GPT-3 paper's shapes, plus two byte-level models for CPUs: tiny, and small, sized for the memory-cap
@@ -63,12 +120,12 @@ class GPTConfig:
 # 5e-6 fell on 2 CPU ranks in fp32 here for seeds 0 and 1 (5.182, 4.273, 4.045; 5.504, 4.461, 4.199;
 # benchmarks/logs/cpu/small-rate).
 PRESETS = {
-    "tiny": GPTConfig(2, 4, 128, 256, 256, 1e-3),
-    "small": GPTConfig(8, 8, 1024, 256, 256, 5e-6),
-    "125m": GPTConfig(12, 12, 768, 50257, 1024, 1.5e-5),
-    "350m": GPTConfig(24, 16, 1024, 50257, 1024, 7.5e-6),
-    "760m": GPTConfig(24, 16, 1536, 50257, 1024, 6.25e-6),
-    "1.3b": GPTConfig(24, 16, 2048, 50257, 1024, 5e-6),
-    "2.7b": GPTConfig(32, 32, 2560, 50257, 1024, 3.5e-6),
-    "6.7b": GPTConfig(32, 32, 4096, 50257, 1024, 3e-6),
+    "tiny": ModelShape(2, 4, 128, 256, 256, 1e-3),
+    "small": ModelShape(8, 8, 1024, 256, 256, 5e-6),
+    "125m": ModelShape(12, 12, 768, 50257, 1024, 1.5e-5),
+    "350m": ModelShape(24, 16, 1024, 50257, 1024, 7.5e-6),
+    "760m": ModelShape(24, 16, 1536, 50257, 1024, 6.25e-6),
+    "1.3b": ModelShape(24, 16, 2048, 50257, 1024, 5e-6),
+    "2.7b": ModelShape(32, 32, 2560, 50257, 1024, 3.5e-6),
+    "6.7b": ModelShape(32, 32, 4096, 50257, 1024, 3e-6),
 }

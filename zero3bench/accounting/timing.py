@@ -5,7 +5,7 @@ compute. Pure arithmetic, as zero3bench/accounting/predict.py.
 """
 from typing import Any
 
-from zero3bench.accounting.moments import zero_setting
+from zero3bench.accounting.predict import zero_setting
 from zero3bench.accounting.traffic import BUS_FACTOR
 from zero3bench.stages import shards_params
 

@@ -13,7 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from zero3bench.formatting import QuietWhenClosed, gib, rank_table
+from zero3bench.formatting import QuietWhenClosed, gib
+from zero3bench.rank_lines import rank_table
 from zero3bench.result import as_dict
 
 from .figures import Check

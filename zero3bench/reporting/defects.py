@@ -6,7 +6,7 @@ that has the defect names it (verdict.judged). The same table is in docs/result-
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from zero3bench.result import PARTITION_TOLERANCE
+from zero3bench.finishing import PARTITION_TOLERANCE
 from zero3bench.stages import shards_nothing, shards_params
 
 from .reading import Results

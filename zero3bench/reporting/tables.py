@@ -5,7 +5,8 @@ and the lines that describe runs without judging them (offload, DeepCompile, FSD
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from zero3bench.formatting import fmt, format_table, other_bytes, relative_error, size
+from zero3bench.formatting import fmt, format_table, relative_error, size
+from zero3bench.rank_lines import other_bytes
 from zero3bench.result import RankResult, line_value
 from zero3bench.stages import ZERO3
 

@@ -1,13 +1,15 @@
 """
-What theory expects of a run, for the verdict to judge its measurements against: predict.rank_memory at the
+What theory expects of a run, for the verdict to judge its measurements against: memory.rank_memory at the
 run's own settings (world size, dtype, model, batch, its config's zero_optimization as DeepSpeed read it), the
 formula that train_gpt.py --check, the plan and each RESULT's predicted peak use.
 """
 from zero3bench.accounting import host, predict
-from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS
+from zero3bench.accounting.memory import Counts, rank_memory
+from zero3bench.accounting.shapes import PRESETS
+from zero3bench.finishing import seat
 from zero3bench.result import RankResult
 
-# (b) expects stage 3's peak to fall against stage 0's as predict.rank_memory predicts for the two runs, and stage
+# (b) expects stage 3's peak to fall against stage 0's as memory.rank_memory predicts for the two runs, and stage
 # 3's peak may exceed its predicted share of stage 0's by this factor, for what theory leaves out. At the default
 # (1.3b, bf16, micro batch 2, 4 ranks) theory predicts 3.95x, so (b) expects 3.44x or better, above the acceptance
 # check's "about 3-4x lower with 4 GPUs". The committed H200 pairs measured 1.01 of the predicted ratio at the
@@ -23,19 +25,12 @@ UNRECORDED = {"stage3_max_live_parameters": 0}
 
 
 def predicted_peak(r: RankResult) -> float | None:
-    """One rank's peak as predict.rank_memory gives it for the run's settings alone (what train_gpt.py --check
+    """One rank's peak as memory.rank_memory gives it for the run's settings alone (what train_gpt.py --check
     says), not from what the rank counted; None for a model that is no preset."""
-    run = r.run
-    shape, on_gpu = PRESETS.get(run.model), r.mem_kind == "cuda"
+    shape = PRESETS.get(r.run.model)
     if shape is None:
         return None
-    zero = r.zero_config or UNRECORDED
-    return predict.rank_memory(run.stage, run.engine, run.dtype, r.world_size, shape.params, zero, shape,
-                               micro_batch=run.micro_batch, seq=run.seq, checkpoint=bool(run.checkpoint),
-                               loss_chunk=LOSS_CHUNK, offload=run.offload or predict.NO_OFFLOAD,
-                               flash=predict.uses_flash(on_gpu, run.dtype),
-                               on_gpu=on_gpu, deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM,
-                               rehearsed=bool(r.rehearsal), rank=r.rank)["peak"]
+    return rank_memory(r.run, shape, Counts.of_shape(shape), r.zero_config or UNRECORDED, seat(r)).peak
 
 
 def predicted_host_peak(r: RankResult) -> float | None:

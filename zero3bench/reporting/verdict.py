@@ -155,7 +155,7 @@ def say_memory(f: Memory) -> str:
 
 def promises(runs: Runs) -> Optional[tuple[str, Promises]]:
     """Every run finished, or ran out of memory (a result too), and its ranks hold the share of parameters,
-    gradients and optimizer states that their stage promises (result.add_shares)."""
+    gradients and optimizer states that their stage promises (finishing.add_shares)."""
     held: dict[str, dict[str, float] | None] = {}
     broken: list[str] = []
     for name, rs in runs.items():

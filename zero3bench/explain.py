@@ -1,16 +1,10 @@
 """
 Where one rank's measured memory departs from theory by more than EXPLAIN_BEYOND, in words.
 """
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from zero3bench.accounting.moments import zero_setting
+from zero3bench.accounting.predict import zero_setting
 from zero3bench.formatting import size
+from zero3bench.result import RankResult
 from zero3bench.stages import shards_params
-
-if TYPE_CHECKING:  # result imports this module
-    from zero3bench.result import RankResult
 
 EXPLAIN_BEYOND = 0.10
 
