@@ -157,11 +157,7 @@ def machine_inputs(args: argparse.Namespace, folder: Folder | None) -> tuple[dic
         if getattr(args, key) is not None:
             values[key], sources[key] = getattr(args, key), "given"
         elif folder and key in folder.measured:
-            values[key], sources[key] = folder.measured[key]
-            span = SPANS.get(key)
-            if span and not span.low <= values[key] <= span.high:
-                raise BadInput(f"--from {folder.path}: its {key} {values[key]:g} is outside "
-                               f"{number(span.low)} to {number(span.high)} ({span.why})")
+            values[key], sources[key] = folder.measured[key]  # each checked within its flag's range as it was read
         else:
             values[key], sources[key] = value, f"assumed: {why}"
     c = folder.calibration if folder else None
@@ -178,8 +174,9 @@ def settle(args: argparse.Namespace, model: Model) -> Settled:
     folder = inputs.read_folder(args.results) if args.results else None
     values, sources = machine_inputs(args, folder)
     if values["reserve_gib"] + values["context_gib"] >= values["gpu_mem_gib"]:
-        raise BadInput(f"--reserve-gib {values['reserve_gib']:g} and --context-gib {values['context_gib']:g} leave "
-                       f"nothing of --gpu-mem-gib {values['gpu_mem_gib']:g}: together they must be less")
+        raise BadInput(f"--context-gib {values['context_gib']:g} and --reserve-gib {values['reserve_gib']:g} must "
+                       f"together be less than the GPU's memory, --gpu-mem-gib {values['gpu_mem_gib']:g}: here "
+                       f"--context-gib below {values['gpu_mem_gib'] - values['reserve_gib']:g}")
     most = 1 / hfu_per_mfu(args.checkpoint)
     if values["mfu"] > most:
         raise BadInput(f"--mfu must be at most {most:.3g} with checkpointing, whose recomputed forward makes the "
@@ -223,7 +220,11 @@ def main(argv: list[str] | None = None) -> None:
     p = cluster.plan(model, i, sources, folder.calibration if folder else None)
     write(json.dumps(p.as_dict(), indent=1) if args.json else output.text(p))
     if args.plot:
-        output.plot(p, args.plot)
+        try:
+            output.plot(p, args.plot)
+        except OSError as e:
+            print(f"plan.py: error: cannot write --plot {args.plot}: {e.strerror}", file=sys.stderr)
+            sys.exit(EXIT["not written"])
 
 
 if __name__ == "__main__":

@@ -23,11 +23,11 @@ from zero3bench.result import RankResult
 # 0.093-0.099). The profiled last step is slower again (comm_s marks it).
 STEADY_FROM = 4
 # fewer steady steps than this give an MFU marked uncertain: on one H200 (26-off-default) stage 0's steps kept
-# quickening to about step 25, and a 10-step run's 7 steady steps gave MFU 0.082 where a 30-step run's 27 gave 0.096
+# quickening to about step 25, and a 10-step run's 7 steady steps gave MFU 0.081 where a 30-step run's 27 gave 0.096
 MIN_STEADY = 20
-# The micro batch of a run to plan from. At 2 an H200's steps wait on the host (0.15 to 0.2 s, MFU 0.08 to 0.10), and
-# a 10-step and a 30-step run gave MFUs 8 to 19% apart in three pairs; at 16 (0.40 s a step, MFU 0.33 to 0.35) two
-# pairs were 2.0% and 0.9% apart (benchmarks/logs/h200/30-steady/3-steady).
+# The micro batch of a run to plan from. At 2 an H200's steps wait on the host (0.15 to 0.2 s, HFU 0.10 to 0.14, MFU
+# 3/4 of it), and a 10-step and a 30-step run gave MFUs 8 to 19% apart in three pairs; at 16 (0.40 s a step, MFU 0.33
+# to 0.35) two pairs were 2.0% and 0.9% apart (benchmarks/logs/h200/30-steady/3-steady).
 PLAN_FROM_MICRO_BATCH = 16
 MAKE_RUN = (f"bash run.sh --ranks 1 --steps 30 --micro-batch {PLAN_FROM_MICRO_BATCH} makes a run to plan from, at a "
             "micro batch that keeps the GPU busy")
@@ -73,7 +73,7 @@ class Span:
 SPANS = {
     "gpu_mem_gib": Span(1, 2**20, "1 GiB to 1 PiB"),
     "peak_tflops": Span(0.1, 1e6, "a CPU core's order to 1,000 H200s"),
-    "mfu": Span(1e-3, 1, "a thousandth of the peak to all of it"),
+    "mfu": Span(1e-6, 1, "a millionth of the peak, a toy model's order on a GPU, to all of it"),
     "intra_busbw_gbs": Span(0.1, 1e5, "gigabit Ethernet to 1,000 NVLinks"),
     "inter_busbw_gbs": Span(0.1, 1e5, "gigabit Ethernet to 1,000 NVLinks"),
     "host_gbs": Span(0.1, 1e5, "gigabit Ethernet to 1,000 PCIe links"),
@@ -87,10 +87,14 @@ def between(kind: type[int] | type[float], low: float, high: float, why: str,
     """An argparse type: a finite number of kind (int or float) from low (or above it) to high; why says what
     the range is."""
     def parse(text: str) -> float:
-        value = kind(text)
+        span = f"from {number(low)} to" if low_allowed else f"above {number(low)} and at most"
+        wanted = f"must be {'a whole number' if kind is int else 'a number'} {span} {number(high)} ({why}), not {text}"
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(wanted) from None
         if not (math.isfinite(value) and (low <= value if low_allowed else low < value) and value <= high):
-            span = f"from {number(low)} to" if low_allowed else f"above {number(low)} and at most"
-            raise argparse.ArgumentTypeError(f"must be {span} {number(high)} ({why}), not {text}")
+            raise argparse.ArgumentTypeError(wanted)
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -118,7 +122,9 @@ BOOLEAN = ("checkpoint", "rehearsal")
 FOR_SPEED = ("micro_batch", "seq", "gpus")
 # the ends of what a record may measure, as those of the flags it stands for
 RECORD_SPANS = {"device_total_bytes": (SPANS["gpu_mem_gib"], 2**30), "peak_tflops": (SPANS["peak_tflops"], 1),
-                "link_busbw": (SPANS["intra_busbw_gbs"], 1e9)}
+                "link_busbw": (SPANS["intra_busbw_gbs"], 1e9),
+                "flops_per_token": (Span(6, 1e20, "6 per parameter of one parameter, to 1e20"), 1),
+                "time_s": (Span(1e-6, 1e6, "a microsecond to 11 days"), 1)}
 
 
 def positive_number(value: Any) -> bool:
@@ -140,9 +146,9 @@ def step_problem(s: Any) -> tuple[str, Any, str] | None:
     if not isinstance(s, dict):
         return "", s, "a step (an object)"
     if type(s.get("step")) is not int:
-        return "step", s.get("step"), "its number, a whole number"
-    if not positive_number(s.get("time_s")):
-        return "time_s", s.get("time_s"), "its seconds, a positive number"
+        return "step", s.get("step"), "the step's number, a whole number"
+    if not positive_number(s.get("time_s")) or not within("time_s", s["time_s"]):
+        return "time_s", s.get("time_s"), f"a number of seconds {spanned('time_s')}"
     return None
 
 
@@ -155,7 +161,7 @@ def record_problem(d: Any) -> tuple[str, Any, str] | None:
             return key, d[key], f"a whole number from {least}"
     for key in (FOR_SPEED if d.get("steps") else ()):
         if d.get(key) is None:
-            return key, d.get(key), f"a whole number from {WHOLE[key]}, as its steps' speed is worked out with it"
+            return key, d.get(key), f"a whole number from {WHOLE[key]}, as its steps' speed is worked out from it"
     for key in POSITIVE:
         if d.get(key) is not None and not positive_number(d[key]):
             return key, d[key], "a positive number"
@@ -198,7 +204,7 @@ def read_records(folder: Path) -> dict[str, list[dict[str, Any]]]:
             if problem:
                 key, value, wanted = problem
                 raise BadInput(f"--from {path}: results.{name}[{i}]{'.' + key if key else ''} is "
-                               f"{json.dumps(value)}: {wanted} goes there")
+                               f"{json.dumps(value)}: it must be {wanted}")
     return runs
 
 
@@ -255,9 +261,11 @@ def calibration(runs: dict[str, list[RankResult]], path: Path) -> Calibration | 
             checkpoint = bool(r.run.checkpoint)
             mfu, steps = steady
             hfu = mfu * hfu_per_mfu(checkpoint)
-            if hfu > 1:
-                raise BadInput(f"--from {path}: results.{name}: its steady steps reach HFU {hfu:.3g}, above 1: its "
-                               f"flops_per_token ({r.flops_per_token:g}) or peak_tflops ({r.peak_tflops:g}) is wrong")
+            span = SPANS["mfu"]
+            if not (span.low <= mfu and hfu <= span.high):
+                raise BadInput(f"--from {path}: results.{name}: its steady steps reach MFU {mfu:.3g} (HFU {hfu:.3g}), "
+                               f"where from {number(span.low)} to {number(span.high)} is real: its flops_per_token "
+                               f"({r.flops_per_token:g}) or peak_tflops ({r.peak_tflops:g}) is wrong")
             found.append(Calibration(name, mfu, hfu, steps, r.run.model, r.run.seq, r.run.micro_batch, checkpoint))
     return max(found, key=lambda c: c.hfu, default=None)
 
@@ -359,13 +367,14 @@ def folder_warnings(folder: Folder, planned: Planned) -> list[str]:
     at = f"--from {folder.path}"
     warnings = []
     if folder.rehearsals:
-        warnings.append(f"{at}: {', '.join(folder.rehearsals)}: a rehearsal, ranks sharing one GPU, whose speed is "
-                        f"not real: its GPU's memory is planned with, not its MFU or its link")
+        are = "is a rehearsal" if len(folder.rehearsals) == 1 else "are rehearsals"
+        warnings.append(f"{at}: {', '.join(folder.rehearsals)} {are} (ranks sharing one GPU), whose speed is not "
+                        f"real: the plan takes the GPU's memory from a rehearsal, not its MFU or its link")
     c = folder.calibration
     if planned.mfu_given:
         return warnings
     if not c:
-        return warnings + [f"{at}: no run of GPUs of their own has a steady step (step {STEADY_FROM} or later, not "
+        return warnings + [f"{at}: no run with a GPU per rank has a steady step (step {STEADY_FROM} or later, not "
                            f"the profiled last): the MFU is assumed; {MAKE_RUN}"]
     for measured, plans, was, will in ((c.model, planned.model, "on {}", "for {}"),
                                        (c.seq, planned.seq, "at seq {}", "at seq {}"),
