@@ -145,6 +145,25 @@ def test_the_plans_mfu_is_summary_jsons_and_the_reports_to_their_printed_digits(
     assert f"{100 * p['inputs']['mfu']:.1f}" == f"{100 * r['mfu']:.1f}" == report.group(1)
 
 
+def test_hfu_stands_beside_mfu_in_the_step_line_summary_json_the_report_and_the_plan(capsys):
+    """A third more with checkpointing, the same in each: the plan's over the steady steps, the report's (and
+    summary.json's) over steps 2..N, so they differ by what steps 2 and 3 move the median (45.1% and 45.0%)."""
+    import report
+    from zero3bench import rank_lines
+    from zero3bench.result import RankResult, as_dict
+    [d] = json.loads((STEADY / "summary.json").read_text())["results"]["stage0"]
+    r = RankResult.from_dict(d)
+    lines = [re.search(r"mfu ([\d.]+)%  hfu ([\d.]+)%", rank_lines.step_line(r, s)) for s in r.steps]
+    steady = [float(m.group(2)) / 100 for m, s in zip(lines, r.steps) if s.step >= inputs.STEADY_FROM and not s.comm_s]
+    assert all(float(m.group(2)) == pytest.approx(float(m.group(1)) * 4 / 3, abs=0.12) for m in lines)
+    assert planned(capsys, "--from", STEADY, "--gpus", 8)["inputs"]["hfu"] == pytest.approx(statistics.median(steady),
+                                                                                           abs=0.0005)
+    assert as_dict(r)["hfu"] == pytest.approx(4 / 3 * r.mfu) and r.hfu == pytest.approx(4 / 3 * r.mfu)
+    capsys.readouterr()
+    report.main([str(STEADY)])
+    assert re.search(rf"^  HFU +{100 * r.hfu:.1f}%$", capsys.readouterr().out, re.M)
+
+
 def test_hfu_is_four_thirds_of_the_mfu_with_checkpointing_and_the_mfu_without(capsys):
     on, off = (planned(capsys, "--mfu", 0.3, "--gpus", 8, flag)["inputs"] for flag in ("--checkpoint",
                                                                                        "--no-checkpoint"))
