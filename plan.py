@@ -181,8 +181,8 @@ def settle(args: argparse.Namespace, model: Model) -> Settled:
     if values["mfu"] > most:
         raise BadInput(f"--mfu must be at most {most:.3g} with checkpointing, whose recomputed forward makes the "
                        f"hardware's FLOPs {hfu_per_mfu(True):.3g}x the model's, not {values['mfu']:g}")
-    calibrated = folder and folder.calibration and sources["mfu"] != "given"
-    micro_batch = args.micro_batch or (folder.calibration.micro_batch if calibrated else 2)
+    c = folder.calibration if folder and sources["mfu"] != "given" else None
+    micro_batch: int = args.micro_batch or (c.micro_batch if c and c.micro_batch else 2)
     if args.plot and not args.plot.parent.is_dir():
         raise BadInput(f"--plot {args.plot}: no folder {args.plot.parent}")
     if args.plot and args.plot.is_dir():  # matplotlib would write <folder>.png beside it

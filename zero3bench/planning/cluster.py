@@ -186,8 +186,10 @@ def host_per_rank(setup: str, model: Model, i: Inputs, world: int, zero: dict[st
     if offloads(setup, i.offload) and not offloads_params(setup, i) and stages.shards_params(stage):
         offload = json.loads(stages.config_path("3_offload").read_text())["zero_optimization"]["offload_optimizer"]
         section = {**zero, "offload_optimizer": offload}
-        return host.host_peak_bytes(stage, WIDTH, world, math.ceil(model.params / world), section,
-                                    model.shape, model.params, False)
+        peak = host.host_peak_bytes(stage, WIDTH, world, math.ceil(model.params / world), section,
+                                    model.shape, model.params, False)  # type: ignore[arg-type]  # no shape: unread
+        if peak is not None:
+            return peak
     return m["host_states"] + m["host_buffers"]
 
 

@@ -147,9 +147,17 @@ def step_problem(s: Any) -> tuple[str, Any, str] | None:
         return "", s, "a step (an object)"
     if type(s.get("step")) is not int:
         return "step", s.get("step"), "the step's number, a whole number"
-    if not positive_number(s.get("time_s")) or not within("time_s", s["time_s"]):
+    seconds = s.get("time_s")
+    if not (isinstance(seconds, (int, float)) and positive_number(seconds) and within("time_s", seconds)):
         return "time_s", s.get("time_s"), f"a number of seconds {spanned('time_s')}"
     return None
+
+
+def bus_bandwidths(curve: Any) -> bool:
+    """Whether a record's link_busbw is one bus bandwidth, or {bytes: bus bandwidth}, each within its range."""
+    by_size = isinstance(curve, dict) and all(k.isdigit() for k in curve)
+    figures = list(curve.values()) if by_size else [curve]
+    return all(isinstance(v, (int, float)) and positive_number(v) and within("link_busbw", v) for v in figures)
 
 
 def record_problem(d: Any) -> tuple[str, Any, str] | None:
@@ -171,10 +179,7 @@ def record_problem(d: Any) -> tuple[str, Any, str] | None:
         if d.get(key) is not None and type(d[key]) is not bool:
             return key, d[key], "true or false"
     curve = d.get("link_busbw")
-    figures = [curve] if type(curve) in (int, float) else list(curve.values()) if isinstance(curve, dict) else None
-    if curve is not None and not (figures is not None and all(positive_number(v) and within("link_busbw", v)
-                                                              for v in figures)
-                                  and (not isinstance(curve, dict) or all(k.isdigit() for k in curve))):
+    if curve is not None and not bus_bandwidths(curve):
         return "link_busbw", curve, f"a bus bandwidth in bytes/s {spanned('link_busbw')}, or {{bytes: bus bandwidth}}"
     if not isinstance(d.get("steps", []), list):
         return "steps", d["steps"], "a list of steps"
@@ -215,7 +220,7 @@ def read_records(folder: Path) -> dict[str, list[dict[str, Any]]]:
 def steady_times(r: RankResult) -> list[float]:
     """A rank's steady steps' seconds: from STEADY_FROM (or after DeepCompile's last compile), not profiled."""
     first = max(STEADY_FROM, r.timed_from)
-    return [s.time_s for s in r.steps if s.step >= first and not s.comm_s]
+    return [s.time_s for s in r.steps if s.time_s and s.step is not None and s.step >= first and not s.comm_s]
 
 
 def steady_mfu(results: list[RankResult]) -> tuple[float, int] | None:

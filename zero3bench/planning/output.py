@@ -41,7 +41,7 @@ def main_table(p: Plan) -> str:
     for r in p.rows:
         estimate = f"{gib(r.deepspeed_estimate):.2f}" if r.deepspeed_estimate is not None else "-"
         host = (f"{gib(r.host_per_node):.1f}",) * offloaded
-        rows.append((p.label(r.setup), r.gpus, r.link, f"{gib(r.memory['states']):.2f}", estimate,
+        rows.append((p.label(r.setup), str(r.gpus), r.link, f"{gib(r.memory['states']):.2f}", estimate,
                      f"{gib(r.memory['activations']):.2f}", f"{gib(r.memory['peak']):.2f}", *host,
                      "yes" if r.fits else "NO", f"{gib(r.headroom_left):.1f}", f"{r.compute_s:.3f}",
                      f"{r.comm_s:.3f}", both(r.step_s, ".3f"), both(r.tokens_per_s_per_gpu, ",.0f"),
