@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from zero3bench import options, parts
-from zero3bench.accounting import traffic
+from zero3bench.accounting import timing, traffic
 
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
 # Their kernels are also counted where the wrapper does not see them (DTensor's norm in FSDP2's clipping).
@@ -212,6 +212,18 @@ class RankResult:
     @property
     def mfu(self) -> float | None:
         return self.tflops_per_gpu / self.peak_tflops if self.tflops_per_gpu and self.peak_tflops else None
+
+    def hfu_at(self, seconds: float | None) -> float | None:
+        """The hardware's FLOPs over its peak in a step of this many seconds: the MFU with checkpointing's
+        recomputed forward counted (timing.pass_flops); None without checkpointing, where it is the MFU."""
+        tflops = self.tflops_at(seconds)
+        if not (self.run.checkpoint and tflops and self.peak_tflops):
+            return None
+        return tflops / self.peak_tflops * sum(timing.pass_flops(1.0, True).values())
+
+    @property
+    def hfu(self) -> float | None:
+        return self.hfu_at(self.step_time_s)
 
 
 FIGURES = [name for name, value in vars(RankResult).items() if isinstance(value, property)]

@@ -76,8 +76,8 @@ def deepspeed_estimate(stage: int, total: int, largest: int, ranks_per_node: int
     """DeepSpeed's estimate_zero3_model_states_mem_needs (stage 3) and estimate_zero2_model_states_mem_needs
     (stages 1 and 2), as arithmetic, with zero.Init and their 1.5x host buffer: bytes per GPU and per node.
     It counts 18 bytes per partition element (2 + 2 + 4 fp32 gradients + 4 + 8) and, at stage 3, 4 bytes per
-    element of the largest layer. It has none for stage 0."""
-    gpus, buffer = ranks_per_node * nodes, 1.5
+    element of the largest layer; none for stage 0. Products in DeepSpeed's order, for its rounding, so its bytes."""
+    gpus, buffer, node_share = ranks_per_node * nodes, 1.5, 1 / nodes
     if shards_nothing(stage):
         return None
     if not shards_params(stage):
@@ -86,9 +86,9 @@ def deepspeed_estimate(stage: int, total: int, largest: int, ranks_per_node: int
         return {"device": 2 * total + int(18 * total / gpus), "host_per_node": int(total * 4 * ranks_per_node * buffer)}
     layer = 4 * largest
     if offload["optimizer"] and offload["param"]:
-        return {"device": layer, "host_per_node": int(total * 18 / nodes * buffer)}
+        return {"device": layer, "host_per_node": int(total * 18 * node_share * buffer)}
     if offload["optimizer"]:
-        return {"device": layer + int(2 * total / gpus), "host_per_node": int(total * 16 / nodes * buffer)}
+        return {"device": layer + int(2 * total / gpus), "host_per_node": int(total * 16 * node_share * buffer)}
     return {"device": layer + int(18 * total / gpus), "host_per_node": int(largest * 4 * ranks_per_node * buffer)}
 
 

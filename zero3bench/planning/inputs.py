@@ -1,15 +1,19 @@
 """
-What plan.py reads, checked before it plans: each number of its command line within a range, a results folder's
-records of the types that plan.py reads, and the compute rate of a run's steady steps. torch-free.
+What plan.py reads, checked before it plans: each number of its command line within a range, and a results folder,
+read once: its records of the types that plan.py reads, what they say of the machine (the GPU's memory and
+peak, the link's bus bandwidth) and the compute rate of a run's steady steps. torch-free.
 """
 import argparse
 import json
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from zero3bench.accounting import timing
+from zero3bench.formatting import gib
 from zero3bench.options import BadInput
 from zero3bench.result import RankResult
 
@@ -19,23 +23,78 @@ from zero3bench.result import RankResult
 # 0.093-0.099). The profiled last step is slower again (comm_s marks it).
 STEADY_FROM = 4
 # fewer steady steps than this give an MFU marked uncertain: on one H200 (26-off-default) stage 0's steps kept
-# quickening to about step 25, and a 10-step run's 7 steady steps gave MFU 0.109 where a 30-step run's 27 gave 0.128
+# quickening to about step 25, and a 10-step run's 7 steady steps gave MFU 0.081 where a 30-step run's 27 gave 0.096
 MIN_STEADY = 20
-# The micro batch of a run to plan from. At 2 an H200's steps wait on the host (0.15 to 0.2 s, MFU 0.10 to 0.14), and
-# a 10-step and a 30-step run gave MFUs 8 to 19% apart in three pairs; at 16 (0.40 s a step, MFU 0.44 to 0.46) two
-# pairs were 2.0% and 0.9% apart (benchmarks/logs/h200/30-steady/3-steady).
+# The micro batch of a run to plan from. At 2 an H200's steps wait on the host (0.15 to 0.2 s, HFU 0.10 to 0.14, MFU
+# 3/4 of it), and a 10-step and a 30-step run gave MFUs 8 to 19% apart in three pairs; at 16 (0.40 s a step, MFU 0.33
+# to 0.35) two pairs were 2.0% and 0.9% apart (benchmarks/logs/h200/30-steady/3-steady).
 PLAN_FROM_MICRO_BATCH = 16
+MAKE_RUN = (f"bash run.sh --ranks 1 --steps 30 --micro-batch {PLAN_FROM_MICRO_BATCH} makes a run to plan from, at a "
+            "micro batch that keeps the GPU busy")
+
+
+class Assumed(NamedTuple):
+    """A machine input's default, an assumption, and where it comes from."""
+    value: float
+    why: str
+
+
+ASSUMED = {
+    "gpu_mem_gib": Assumed(139.8, "an H200 as torch sees it (150,109,880,320 bytes here; NVIDIA's datasheet: 141 GB)"),
+    "peak_tflops": Assumed(989.0, "H100/H200 SXM dense BF16, NVIDIA's datasheets (1,979 with sparsity)"),
+    "mfu": Assumed(0.4, "a typical figure for a dense transformer, not a measurement of yours"),
+    "gpus_per_node": Assumed(8, "an HGX/DGX H100 or H200 node"),
+    "intra_busbw_gbs": Assumed(360.0, "NVLink 4 within a node: about the ring bus bandwidth of NCCL's published "
+                                      "all-reduce figures on 8 H100 SXM, without NVLink SHARP"),
+    "inter_busbw_gbs": Assumed(45.0, "400 Gb/s InfiniBand per GPU = 50 GB/s, at about 0.9 efficiency"),
+    "host_gbs": Assumed(50.0, "PCIe 5.0 x16: 64 GB/s each way, about 0.8 of it achieved (offload's copies only)"),
+    "reserve_gib": Assumed(5.5, "the allocator's reserve beyond the reserved bytes predicted: at most 5.07 GiB in any "
+                                "committed H200 run of the project's configs that records its config (2.7b at stage 2 "
+                                "on 4 rehearsed ranks, 32-s12, which the 5.0 GiB assumed before did not cover; 4.73 "
+                                "for stage 0 at micro batch 8 without checkpointing on 2, 28-suite-matrix); stages 1 "
+                                "and 2, in older runs, up to 4.62 GiB (h200/5-stages-offload-cap); the original "
+                                "design's config, whose 5e8-element buckets it does not plan, up to 9.22 GiB "
+                                "(28-suite-matrix)"),
+    "context_gib": Assumed(0.5, "the CUDA context, NCCL's and cuBLAS's own memory outside torch's allocator: not "
+                                "measured here, as torch does not see it"),
+}
+
+
+@dataclass(frozen=True)
+class Span:
+    """The numbers a machine input may take, from low to high, and what the ends are."""
+    low: float
+    high: float
+    why: str
+
+
+# Below these ends a plan's times or memory mean nothing (a step of years, a GPU that holds no model); above, no
+# machine is near.
+SPANS = {
+    "gpu_mem_gib": Span(1, 2**20, "1 GiB to 1 PiB"),
+    "peak_tflops": Span(0.1, 1e6, "a CPU core's order to 1,000 H200s"),
+    "mfu": Span(1e-6, 1, "a millionth of the peak, a toy model's order on a GPU, to all of it"),
+    "intra_busbw_gbs": Span(0.1, 1e5, "gigabit Ethernet to 1,000 NVLinks"),
+    "inter_busbw_gbs": Span(0.1, 1e5, "gigabit Ethernet to 1,000 NVLinks"),
+    "host_gbs": Span(0.1, 1e5, "gigabit Ethernet to 1,000 PCIe links"),
+    "reserve_gib": Span(0, 2**20, "none to 1 PiB"),
+    "context_gib": Span(0, 2**20, "none to 1 PiB"),
+}
 
 
 def between(kind: type[int] | type[float], low: float, high: float, why: str,
             low_allowed: bool = True) -> Callable[[str], float]:
     """An argparse type: a finite number of kind (int or float) from low (or above it) to high; why says what
-    high is."""
+    the range is."""
     def parse(text: str) -> float:
-        value = kind(text)
+        span = f"from {number(low)} to" if low_allowed else f"above {number(low)} and at most"
+        wanted = f"must be {'a whole number' if kind is int else 'a number'} {span} {number(high)} ({why}), not {text}"
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(wanted) from None
         if not (math.isfinite(value) and (low <= value if low_allowed else low < value) and value <= high):
-            span = f"from {number(low)} to" if low_allowed else f"above {number(low)} and at most"
-            raise argparse.ArgumentTypeError(f"must be {span} {number(high)} ({why}), not {text}")
+            raise argparse.ArgumentTypeError(wanted)
         return value
     parse.__name__ = kind.__name__
     return parse
@@ -46,40 +105,95 @@ def number(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e9 else f"{x:g}"
 
 
-# The types of what plan.py reads of a record: whole numbers (and their least), and positive finite numbers.
+def hfu_per_mfu(checkpoint: bool) -> float:
+    """The hardware's FLOPs per FLOP of the model, as timing.pass_flops counts them: 4/3 with checkpointing, whose
+    recomputed forward PaLM's MFU does not count and the hardware FLOPs utilization (HFU) does; else 1."""
+    return sum(timing.pass_flops(1.0, checkpoint).values())
+
+
+# -----------------------------------------------------------------------------
+# a results folder's records, checked for what plan.py reads of them
+
+# whole numbers (and their least), positive finite numbers, and true or false
 WHOLE = {"rank": 0, "stage": 0, "world_size": 1, "ranks_per_node": 1, "gpus": 1, "micro_batch": 1, "seq": 1}
 POSITIVE = ("device_total_bytes", "peak_tflops", "flops_per_token")
+BOOLEAN = ("checkpoint", "rehearsal")
+# what a record that has steps must hold, as its speed is worked out from them
+FOR_SPEED = ("micro_batch", "seq", "gpus")
+# the ends of what a record may measure, as those of the flags it stands for
+RECORD_SPANS = {"device_total_bytes": (SPANS["gpu_mem_gib"], 2**30), "peak_tflops": (SPANS["peak_tflops"], 1),
+                "link_busbw": (SPANS["intra_busbw_gbs"], 1e9),
+                "flops_per_token": (Span(6, 1e20, "6 per parameter of one parameter, to 1e20"), 1),
+                "time_s": (Span(1e-6, 1e6, "a microsecond to 11 days"), 1)}
 
 
 def positive_number(value: Any) -> bool:
     return type(value) in (int, float) and math.isfinite(value) and value > 0
 
 
-def record_problem(d: Any) -> tuple[str, str] | None:
-    """What is wrong with one RESULT record for plan.py, as (key, what goes there), or None."""
-    if not isinstance(d, dict):
-        return "", "a RESULT record (an object)"
-    for key, least in WHOLE.items():
-        if d.get(key) is not None and (type(d[key]) is not int or d[key] < least):
-            return key, f"a whole number from {least}"
-    for key in POSITIVE:
-        if d.get(key) is not None and not positive_number(d[key]):
-            return key, "a positive number"
-    curve = d.get("link_busbw")
-    if curve is not None and not positive_number(curve) and not (
-            isinstance(curve, dict) and all(k.isdigit() and positive_number(v) for k, v in curve.items())):
-        return "link_busbw", "a bus bandwidth, or {bytes: bus bandwidth}"
-    if not isinstance(d.get("steps", []), list):
-        return "steps", "a list of steps"
-    for i, s in enumerate(d.get("steps", [])):
-        if not isinstance(s, dict) or type(s.get("step")) is not int or not positive_number(s.get("time_s")):
-            return f"steps[{i}]", "a step with its number (step) and its seconds (time_s)"
+def within(key: str, value: float) -> bool:
+    span, unit = RECORD_SPANS[key]
+    return span.low * unit <= value <= span.high * unit
+
+
+def spanned(key: str) -> str:
+    span, unit = RECORD_SPANS[key]
+    return f"from {number(span.low * unit)} to {number(span.high * unit)} ({span.why})"
+
+
+def step_problem(s: Any) -> tuple[str, Any, str] | None:
+    """What is wrong with one step of a record, as (key, its value, what goes there), or None."""
+    if not isinstance(s, dict):
+        return "", s, "a step (an object)"
+    if type(s.get("step")) is not int:
+        return "step", s.get("step"), "the step's number, a whole number"
+    seconds = s.get("time_s")
+    if not (isinstance(seconds, (int, float)) and positive_number(seconds) and within("time_s", seconds)):
+        return "time_s", s.get("time_s"), f"a number of seconds {spanned('time_s')}"
     return None
 
 
-def read_checked(folder: Path) -> dict[str, list[RankResult]]:
-    """A results folder's runs, {name: [RankResult]}, each record checked for the types plan.py reads: one
-    line naming the file and the key where one is wrong."""
+def bus_bandwidths(curve: Any) -> bool:
+    """Whether a record's link_busbw is one bus bandwidth, or {bytes: bus bandwidth}, each within its range."""
+    by_size = isinstance(curve, dict) and all(k.isdigit() for k in curve)
+    figures = list(curve.values()) if by_size else [curve]
+    return all(isinstance(v, (int, float)) and positive_number(v) and within("link_busbw", v) for v in figures)
+
+
+def record_problem(d: Any) -> tuple[str, Any, str] | None:
+    """What is wrong with one RESULT record for plan.py, as (key, its value, what goes there), or None."""
+    if not isinstance(d, dict):
+        return "", d, "a RESULT record (an object)"
+    for key, least in WHOLE.items():
+        if d.get(key) is not None and (type(d[key]) is not int or d[key] < least):
+            return key, d[key], f"a whole number from {least}"
+    for key in (FOR_SPEED if d.get("steps") else ()):
+        if d.get(key) is None:
+            return key, d.get(key), f"a whole number from {WHOLE[key]}, as its steps' speed is worked out from it"
+    for key in POSITIVE:
+        if d.get(key) is not None and not positive_number(d[key]):
+            return key, d[key], "a positive number"
+        if d.get(key) is not None and key in RECORD_SPANS and not within(key, d[key]):
+            return key, d[key], f"a number {spanned(key)}"
+    for key in BOOLEAN:
+        if d.get(key) is not None and type(d[key]) is not bool:
+            return key, d[key], "true or false"
+    curve = d.get("link_busbw")
+    if curve is not None and not bus_bandwidths(curve):
+        return "link_busbw", curve, f"a bus bandwidth in bytes/s {spanned('link_busbw')}, or {{bytes: bus bandwidth}}"
+    if not isinstance(d.get("steps", []), list):
+        return "steps", d["steps"], "a list of steps"
+    for i, s in enumerate(d.get("steps") or []):
+        problem = step_problem(s)
+        if problem:
+            key, value, wanted = problem
+            return f"steps[{i}]{'.' + key if key else ''}", value, wanted
+    return None
+
+
+def read_records(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """summary.json's "results", read once: {run: [record]}, each record checked for the types plan.py reads; one
+    line naming the file, the key and its value where one is wrong."""
     path = folder / "summary.json"
     try:
         runs = json.loads(path.read_text())["results"]
@@ -93,40 +207,187 @@ def read_checked(folder: Path) -> dict[str, list[RankResult]]:
         for i, d in enumerate(records):
             problem = record_problem(d)
             if problem:
-                key, wanted = problem
-                value = f" is {json.dumps(d.get(key)) if key in d else 'missing'}" if isinstance(d, dict) else ""
-                raise BadInput(f"--from {path}: results.{name}[{i}]{'.' + key if key else ''}{value}: "
-                               f"{wanted} goes there")
-    return {name: [RankResult.from_dict(d) for d in records] for name, records in runs.items()}
+                key, value, wanted = problem
+                raise BadInput(f"--from {path}: results.{name}[{i}]{'.' + key if key else ''} is "
+                               f"{json.dumps(value)}: it must be {wanted}")
+    return runs
+
+
+# -----------------------------------------------------------------------------
+# the compute rate of a run's steady steps
 
 
 def steady_times(r: RankResult) -> list[float]:
     """A rank's steady steps' seconds: from STEADY_FROM (or after DeepCompile's last compile), not profiled."""
     first = max(STEADY_FROM, r.timed_from)
-    return [s.time_s for s in r.steps if s.step >= first and not s.comm_s]
+    return [s.time_s for s in r.steps if s.time_s and s.step is not None and s.step >= first and not s.comm_s]
 
 
 def steady_mfu(results: list[RankResult]) -> tuple[float, int] | None:
-    """A run's MFU over its steady steps, the median over its ranks of each rank's median step, and how many
-    steady steps it had (the fewest of any rank); None where no rank has one, or the run no peak or FLOPs."""
-    ranks = [(r, steady_times(r)) for r in results if r.peak_tflops and r.flops_per_token]
-    mfus = [r.tflops_at(statistics.median(times)) / r.peak_tflops for r, times in ranks if times]
-    if not mfus:
-        return None
-    return statistics.median(mfus), min(len(times) for _, times in ranks)
+    """A run's MFU over its steady steps, as its step lines print it (PaLM's: the model's FLOPs, not what
+    checkpointing recomputes), the median over its ranks of each rank's median step, and how many steady steps
+    it had (the fewest of any rank); None where no rank has one, or the run no peak or FLOPs."""
+    mfus, counts = [], []
+    for r in results:
+        times = steady_times(r)
+        tflops = r.tflops_at(statistics.median(times)) if times else None
+        if tflops and r.peak_tflops:
+            mfus.append(tflops / r.peak_tflops)
+            counts.append(len(times))
+    return (statistics.median(mfus), min(counts)) if mfus else None
 
 
-def calibration(runs: dict[str, list[RankResult]]) -> dict[str, Any] | None:
-    """The compute rate to plan with: the steady MFU of the run that reached the highest (the one that lost
-    least to communication), a third higher where it checkpointed, as plan.py's --mfu counts the recomputed
-    FLOPs; with the run's name, its number of steady steps and whether they are too few to trust. None where no
-    run has a steady step."""
-    found = {name: steady_mfu(rs) for name, rs in runs.items() if rs}
-    found = {name: f for name, f in found.items() if f}
-    if not found:
-        return None
-    best = max(found, key=lambda name: found[name][0])
-    mfu, steps = found[best]
-    recompute = 4 / 3 if runs[best][0].run.checkpoint else 1
-    return {"mfu": min(1.0, mfu * recompute), "run": best, "steady_steps": steps, "uncertain": steps < MIN_STEADY,
-            "micro_batch": runs[best][0].run.micro_batch}
+@dataclass(frozen=True)
+class Calibration:
+    """The compute rate a plan takes from a run's steady steps, and the run it was measured on."""
+    run: str  # the run's name in its folder
+    mfu: float  # PaLM's MFU over its steady steps
+    hfu: float  # the same with checkpointing's recomputed forward counted: the hardware's rate, which a plan carries
+    steady_steps: int
+    model: str | None
+    seq: int | None
+    micro_batch: int | None
+    checkpoint: bool
+
+    @property
+    def uncertain(self) -> bool:
+        return self.steady_steps < MIN_STEADY
+
+
+def calibration(runs: dict[str, list[RankResult]], path: Path) -> Calibration | None:
+    """The compute rate to plan with: the steady rate of the run whose hardware reached the most (the one that
+    lost least to communication); None where no run has a steady step. A run whose steps would have its GPU do
+    more FLOPs than its peak is refused: its FLOPs or its peak are wrong."""
+    found = []
+    for name, rs in runs.items():
+        steady = steady_mfu(rs)
+        if steady:
+            r = rs[0]
+            checkpoint = bool(r.run.checkpoint)
+            mfu, steps = steady
+            hfu = mfu * hfu_per_mfu(checkpoint)
+            span = SPANS["mfu"]
+            if not (span.low <= mfu and hfu <= span.high):
+                raise BadInput(f"--from {path}: results.{name}: its steady steps reach MFU {mfu:.3g} (HFU {hfu:.3g}), "
+                               f"where from {number(span.low)} to {number(span.high)} is real: its flops_per_token "
+                               f"({r.flops_per_token:g}) or peak_tflops ({r.peak_tflops:g}) is wrong")
+            found.append(Calibration(name, mfu, hfu, steps, r.run.model, r.run.seq, r.run.micro_batch, checkpoint))
+    return max(found, key=lambda c: c.hfu, default=None)
+
+
+# -----------------------------------------------------------------------------
+# what a results folder says of the machine
+
+
+class Measured(NamedTuple):
+    """A machine input that a results folder measured, and where."""
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Folder:
+    """What plan.py's --from takes of a results folder."""
+    path: Path
+    measured: dict[str, Measured]  # by machine input (ASSUMED's keys)
+    device: str | None  # the GPUs' names
+    curve: dict[int, float] | None  # the link's bus bandwidth by message bytes, within a node
+    calibration: Calibration | None
+    rehearsals: list[str]  # the runs whose ranks shared a GPU: their speed is not real, their memory is
+
+
+def median_of(values: list[float | None]) -> float | None:
+    measured = [v for v in values if v is not None]
+    return statistics.median(measured) if measured else None
+
+
+def one_node(results: list[RankResult]) -> bool:
+    return all((r.world_size or 0) <= (r.ranks_per_node or 0) for r in results)
+
+
+def machine(runs: dict[str, list[RankResult]], path: Path, calibrated: Calibration | None) -> dict[str, Measured]:
+    """Each machine input a folder measured, from the first run that measured it, each figure the median over its
+    ranks: the GPU's memory and peak from any run; the MFU and the link's bus bandwidth (at the old probe's
+    256 MiB) from runs whose ranks each had a GPU of their own, within a node where all its ranks were on one."""
+    source = f"measured in {path}"
+    found = {}
+    if calibrated:
+        few = f"; UNCERTAIN: fewer than {MIN_STEADY}" if calibrated.uncertain else ""
+        found["mfu"] = Measured(calibrated.mfu, f"{source} ({calibrated.run}, micro batch {calibrated.micro_batch}, "
+                                                f"over {calibrated.steady_steps} steady steps{few})")
+    for name, rs in runs.items():
+        memory = median_of([r.device_total_bytes for r in rs])
+        peak = median_of([r.peak_tflops for r in rs])
+        if memory:
+            found.setdefault("gpu_mem_gib", Measured(gib(memory), source))
+        if peak:
+            found.setdefault("peak_tflops", Measured(peak, source))
+        link = median_of([r.link_busbw_at(1 << 28) for r in rs]) if not rs[0].rehearsal else None
+        if link:
+            found.setdefault("intra_busbw_gbs" if one_node(rs) else "inter_busbw_gbs", Measured(link / 1e9, source))
+    return found
+
+
+def cpu_runs(records: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The runs whose ranks were CPU processes, which measure no GPU."""
+    return [name for name, rs in records.items() if any(d.get("mem_kind") not in (None, "cuda") for d in rs)]
+
+
+def read_folder(path: Path) -> Folder:
+    """A results folder for --from: its summary.json read once, each record checked, and what it says of the
+    machine. A folder of CPU runs is refused; a rehearsal's runs give the GPU's memory, not its speed."""
+    records = read_records(path)
+    cpu = cpu_runs(records)
+    if cpu:
+        raise BadInput(f"--from {path}: {', '.join(cpu)} ran as CPU processes, which measure no GPU: plan from a "
+                       f"GPU run's folder ({MAKE_RUN})")
+    runs = {name: [RankResult.from_dict(d) for d in rs] for name, rs in records.items() if rs}
+    rehearsals = [name for name, rs in runs.items() if rs[0].rehearsal]
+    own_gpus = {name: rs for name, rs in runs.items() if name not in rehearsals}
+    calibrated = calibration(own_gpus, path)
+    devices = sorted({r.env.device for rs in runs.values() for r in rs if r.env and r.env.device})
+    curves = [r.link_busbw for rs in own_gpus.values() for r in rs
+              if isinstance(r.link_busbw, dict) and one_node([r])]
+    curve = {int(k): v for k, v in curves[0].items()} if curves else None
+    return Folder(path, machine(runs, path, calibrated),
+                  ", ".join(devices) or None, curve, calibrated, rehearsals)
+
+
+# -----------------------------------------------------------------------------
+# what the user should know of a plan made from a folder
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What a plan is made for, against which its calibrating run is held."""
+    model: str
+    seq: int
+    micro_batch: int
+    mfu_given: bool
+
+
+def folder_warnings(folder: Folder, planned: Planned) -> list[str]:
+    """What the user should know of a plan made from a results folder: a rehearsal's speed left out; the MFU's run
+    too short, or absent; the plan of another model, sequence or micro batch than the run that measured its MFU."""
+    at = f"--from {folder.path}"
+    warnings = []
+    if folder.rehearsals:
+        are = "is a rehearsal" if len(folder.rehearsals) == 1 else "are rehearsals"
+        warnings.append(f"{at}: {', '.join(folder.rehearsals)} {are} (ranks sharing one GPU), whose speed is not "
+                        f"real: the plan takes the GPU's memory from a rehearsal, not its MFU or its link")
+    c = folder.calibration
+    if planned.mfu_given:
+        return warnings
+    if not c:
+        return warnings + [f"{at}: no run with a GPU per rank has a steady step (step {STEADY_FROM} or later, not "
+                           f"the profiled last): the MFU is assumed; {MAKE_RUN}"]
+    for measured, plans, was, will in ((c.model, planned.model, "on {}", "for {}"),
+                                       (c.seq, planned.seq, "at seq {}", "at seq {}"),
+                                       (c.micro_batch, planned.micro_batch, "at micro batch {}", "at {}")):
+        if measured != plans:
+            warnings.append(f"{at}: MFU {c.mfu:.3g} measured {was.format(measured)}, planned {will.format(plans)}: "
+                            f"another model, sequence or micro batch reaches another MFU")
+    if c.uncertain:
+        warnings.append(f"{at}: MFU {c.mfu:.3g} from {c.steady_steps} steady step(s) of {c.run}, fewer than "
+                        f"{MIN_STEADY}: uncertain; {MAKE_RUN}")
+    return warnings

@@ -1,66 +1,64 @@
 """
 plan.py's output: the plan as text (its header, the table per setup and GPU count, the collectives, the notes)
-and as a plot. It reads the plan's JSON alone.
+and as a plot, from the plan's typed rows.
 """
 import sys
 from pathlib import Path
-from typing import Any
 
 from zero3bench.formatting import format_table, gib
+from zero3bench.planning.cluster import DTYPE, MAX_GPUS, Inputs, Modes, Plan
 
-MODES = ("overlapped", "serial")
 
-
-def within(inputs: dict[str, Any]) -> str:
-    curve = inputs["link_curve"]
+def within(inputs: Inputs) -> str:
+    curve = inputs.link_curve
     if not curve:
-        return f"{inputs['intra_busbw_gbs']:g} GB/s"
+        return f"{inputs.intra_busbw_gbs:g} GB/s"
     return (f"the measured link's curve ({min(curve.values()) / 1e9:.0f} to {max(curve.values()) / 1e9:.0f} GB/s "
             f"over {min(curve) / 2**20:g} MiB to {max(curve) / 2**20:g} MiB), read at each collective's call size")
 
 
-def header(p: dict[str, Any]) -> list[str]:
-    i, m = p["inputs"], p["model"]
-    s = m["shape"]
-    shape = (f"{s['layers']} layers, d_model {s['d_model']}, {s['heads']} heads, vocab {s['vocab']}, "
+def header(p: Plan) -> list[str]:
+    i, m, s = p.inputs, p.model, p.model.shape
+    shape = (f"{s.layers} layers, d_model {s.d_model}, {s.heads} heads, vocab {s.vocab}, "
              if s else "no shape: activations and attention FLOPs not counted, ")
-    lines = [f"model {m['name']}: {shape}seq {i['seq']}; {m['params']:,} parameters; micro batch {i['micro_batch']} "
-             f"per GPU, checkpointing {'on' if i['checkpoint'] else 'off'}, {p['dtype']}",
-             f"GPU{' (' + i['device'] + ')' if i['device'] else ''}: {i['gpu_mem_gib']:.1f} GiB, "
-             f"{i['peak_tflops']:g} TFLOP/s peak at MFU {i['mfu']:.3g}; {i['gpus_per_node']} GPUs per node; bus "
-             f"bandwidth {within(i)} within a node, {i['inter_busbw_gbs']:g} GB/s across nodes"]
-    return lines + [f"  {key} {i[key]:g}: {why}" for key, why in p["sources"].items()]
+    hfu = f" (HFU {i.hfu:.3g}, the recomputed forward counted)" if i.checkpoint else ""
+    lines = [f"model {m.name}: {shape}seq {i.seq}; {m.params:,} parameters; micro batch {i.micro_batch} "
+             f"per GPU, checkpointing {'on' if i.checkpoint else 'off'}, {DTYPE}",
+             f"GPU{' (' + i.device + ')' if i.device else ''}: {i.gpu_mem_gib:.1f} GiB, "
+             f"{i.peak_tflops:g} TFLOP/s peak at MFU {i.mfu:.3g}{hfu}; {i.gpus_per_node} GPUs per node; bus "
+             f"bandwidth {within(i)} within a node, {i.inter_busbw_gbs:g} GB/s across nodes"]
+    return lines + [f"  {key} {getattr(i, key):g}: {why}" for key, why in p.sources.items()]
 
 
-def both(figures: dict[str, float], spec: str) -> str:
-    return " / ".join(format(figures[mode], spec) for mode in MODES)
+def both(figures: Modes | None, spec: str) -> str:
+    return f"{figures.overlapped:{spec}} / {figures.serial:{spec}}" if figures else "-"
 
 
-def main_table(p: dict[str, Any]) -> str:
-    offloaded = any(r["host_per_node"] for r in p["rows"])
+def main_table(p: Plan) -> str:
+    offloaded = any(r.host_per_node for r in p.rows)
     rows = [("setup", "GPUs", "link", "states", "DS est.", "activations", "peak", *(("host/node",) * offloaded),
-             "fits", "left", "compute s", "comm s", "step s (overlap / serial)", "tok/s/GPU", "efficiency")]
-    for r in p["rows"]:
-        estimate = f"{gib(r['deepspeed_estimate']):.2f}" if r["deepspeed_estimate"] is not None else "-"
-        host = (f"{gib(r['host_per_node']):.1f}",) * offloaded
-        rows.append((p["labels"][r["setup"]], r["gpus"], r["link"], f"{gib(r['states']):.2f}", estimate,
-                     f"{gib(r['activations']):.2f}", f"{gib(r['peak']):.2f}", *host, "yes" if r["fits"] else "NO",
-                     f"{gib(r['headroom_left']):.1f}", f"{r['compute_s']:.3f}", f"{r['comm_s']:.3f}",
-                     both(r["step_s"], ".3f"), both(r["tokens_per_s_per_gpu"], ",.0f"), both(r["efficiency"], ".1%")))
+             "fits", "left", "compute s", "comm s", "step s (overlap / serial)", "tok/s/GPU", "scaling")]
+    for r in p.rows:
+        estimate = f"{gib(r.deepspeed_estimate):.2f}" if r.deepspeed_estimate is not None else "-"
+        host = (f"{gib(r.host_per_node):.1f}",) * offloaded
+        rows.append((p.label(r.setup), str(r.gpus), r.link, f"{gib(r.memory['states']):.2f}", estimate,
+                     f"{gib(r.memory['activations']):.2f}", f"{gib(r.memory['peak']):.2f}", *host,
+                     "yes" if r.fits else "NO", f"{gib(r.headroom_left):.1f}", f"{r.compute_s:.3f}",
+                     f"{r.comm_s:.3f}", both(r.step_s, ".3f"), both(r.tokens_per_s_per_gpu, ",.0f"),
+                     both(r.scaling, ".1%")))
     return format_table(rows)
 
 
-def comm_table(p: dict[str, Any]) -> str:
+def comm_table(p: Plan) -> str:
     """Each setup's collectives: GB per GPU and step (offload's copies are of a 1/G partition), and their
     seconds at each G, each alone."""
-    rows = [("setup", "collective", "phase", "GB per GPU", *[f"s at {g}" for g in p["inputs"]["gpus"]])]
-    for setup in p["inputs"]["stages"]:
-        mine = [r for r in p["rows"] if r["setup"] == setup]
-        for i, c in enumerate(mine[0]["comm"]):
-            per_g = c["kind"] == "host_copy"
-            gb = f"{c['bytes'] * (mine[0]['gpus'] if per_g else 1) / 1e9:.2f}{'/G' if per_g else ''}"
-            rows.append((p["labels"][setup], c["kind"], c["phase"], gb,
-                         *[f"{r['comm'][i]['s']:.3f}" for r in mine]))
+    rows = [("setup", "collective", "phase", "GB per GPU", *[f"s at {g}" for g in p.inputs.gpus])]
+    for setup in p.inputs.stages:
+        mine = [r for r in p.rows if r.setup == setup]
+        for n, c in enumerate(mine[0].comm):
+            per_g = c.kind == "host_copy"
+            gb = f"{c.bytes * (mine[0].gpus if per_g else 1) / 1e9:.2f}{'/G' if per_g else ''}"
+            rows.append((p.label(setup), c.kind, c.phase, gb, *[f"{r.comm[n].s:.3f}" for r in mine]))
     return format_table(rows)
 
 
@@ -68,14 +66,15 @@ NOTES = [
     "memory per GPU in GiB: peak = what a rank holds throughout (model states, less the gradients freed between",
     "  steps, stage 3's bucket, cuBLAS's workspace) + the most of backward's start (weights gathered, activations),",
     "  its end (gradients, one block), the reduction after it (stage 0's flat bucket, stages 1-2's partition copy)",
-    "  and the optimizer step (gradients, what the step makes): zero3bench/accounting/predict.py's rank_memory,",
+    "  and the optimizer step (gradients, what the step makes): zero3bench/accounting/memory.py's rank_memory,",
     "  within 5% of every committed H200 run that records its config (tests/test_accounting.py)",
-    "compute: (6 x params + 12 x layers x d_model x seq) FLOPs per token (PaLM), a third more with checkpointing",
-    "  (the recomputed forward), at MFU x peak: --mfu counts the recomputed FLOPs as work done",
+    "compute: (6 x params + 12 x layers x d_model x seq) FLOPs per token (PaLM) at MFU x peak; with checkpointing",
+    "  the hardware does a third more (the recomputed forward), at HFU = 4/3 MFU x peak",
     "step: serial = compute + every collective; overlapped = per pass the longer of its compute and its collectives,",
     "  plus one layer's share of those, which nothing hides, plus what runs after backward (stage 0's all-reduce,",
     "  stage 1's reduce-scatter, stages 1-2's all-gather, offload's copy back), each over the slowest link it crosses",
-    "efficiency: tokens/s per GPU against the smallest G planned",
+    "scaling: tokens/s per GPU against the smallest G planned; above 100% where each GPU's work falls with G",
+    "  (offload's copies, of a 1/G partition)",
     "DS est.: DeepSpeed's estimate_zero2/zero3_model_states_mem_needs per GPU, which has none for stage 0 or FSDP2;",
     "  why it differs from states, in one line per stage:",
 ]
@@ -93,25 +92,25 @@ OFFLOAD_NOTES = [
 ]
 
 
-def headroom_note(p: dict[str, Any]) -> list[str]:
-    i = p["inputs"]
-    return [f"fits: the reserved bytes (the peak, and the gradients freed between steps, which the allocator keeps",
-            f"  cached) + a headroom of {i['reserve_gib'] + i['context_gib']:g} GiB (the allocator's reserve "
-            f"{i['reserve_gib']:g} + the CUDA context {i['context_gib']:g}) within the GPU's memory; left: what "
+def headroom_note(p: Plan) -> list[str]:
+    i = p.inputs
+    return ["fits: the reserved bytes (the peak, and the gradients freed between steps, which the allocator keeps",
+            f"  cached) + a headroom of {i.reserve_gib + i.context_gib:g} GiB (the allocator's reserve "
+            f"{i.reserve_gib:g} + the CUDA context {i.context_gib:g}) within the GPU's memory; left: what "
             f"remains"]
 
 
-def text(p: dict[str, Any]) -> str:
-    smallest = ", ".join(f"{p['labels'][s]}: {g if g else 'none up to ' + format(p['max_gpus'], ',')}"
-                         for s, g in p["smallest_fitting_gpus"].items())
-    offloaded = any(r["host_per_node"] for r in p["rows"])
-    gaps = [ESTIMATOR_GAPS[s] for s in p["inputs"]["stages"] if s in ESTIMATOR_GAPS]
+def text(p: Plan) -> str:
+    smallest = ", ".join(f"{p.label(s)}: {g if g else 'none up to ' + format(MAX_GPUS, ',')}"
+                         for s, g in p.smallest_fitting_gpus.items())
+    offloaded = any(r.host_per_node for r in p.rows)
+    gaps = [ESTIMATOR_GAPS[s] for s in p.inputs.stages if s in ESTIMATOR_GAPS]
     notes = NOTES + gaps + headroom_note(p) + (OFFLOAD_NOTES if offloaded else [])
     return "\n".join([*header(p), "", main_table(p), "", comm_table(p), "",
                       f"smallest G on which the peak fits: {smallest}", "", *notes])
 
 
-def plot(p: dict[str, Any], path: Path) -> None:
+def plot(p: Plan, path: Path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -120,14 +119,14 @@ def plot(p: dict[str, Any], path: Path) -> None:
         print("plan.py: matplotlib is not installed: no plot", file=sys.stderr)
         return
     fig, (memory_ax, speed_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for setup in p["inputs"]["stages"]:
-        rows = [r for r in p["rows"] if r["setup"] == setup]
-        gpus = [r["gpus"] for r in rows]
-        name = p["labels"][setup]
+    for setup in p.inputs.stages:
+        rows = [r for r in p.rows if r.setup == setup]
+        gpus = [r.gpus for r in rows]
+        name = p.label(setup)
         name = name if setup == "fsdp2" else f"ZeRO-{name}"
-        memory_ax.plot(gpus, [gib(r["peak"]) for r in rows], marker="o", label=name)
-        speed_ax.plot(gpus, [r["tokens_per_s_per_gpu"]["overlapped"] for r in rows], marker="o")
-    memory_ax.axhline(p["inputs"]["gpu_mem_gib"], color="k", linestyle="--", label="GPU memory")
+        memory_ax.plot(gpus, [gib(r.memory["peak"]) for r in rows], marker="o", label=name)
+        speed_ax.plot(gpus, [r.tokens_per_s_per_gpu.overlapped for r in rows], marker="o")
+    memory_ax.axhline(p.inputs.gpu_mem_gib, color="k", linestyle="--", label="GPU memory")
     memory_ax.set_ylabel("predicted peak per GPU (GiB)")
     speed_ax.set_ylabel("tokens/s per GPU (overlapped)")
     for ax in (memory_ax, speed_ax):

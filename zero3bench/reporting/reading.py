@@ -5,17 +5,12 @@ finished, how, and which runs the criteria set side by side. A run is the list o
 import json
 import re
 import signal
-import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, get_args, get_origin
 
 from zero3bench import parts
 from zero3bench.exits import EXIT, SIGNALS
-
-from zero3bench.formatting import gib
-from zero3bench.options import BadInput
 from zero3bench.reporting import deaths
 from zero3bench.result import LINE_FIELDS, RankResult, most
 from zero3bench.stages import DENSE, ZERO3, is_own_config
@@ -212,53 +207,6 @@ def speed_not_measured(runs: Runs) -> str | None:
     if any(r.mem_kind != "cuda" for r in ranks0):
         return "CPU processes"
     return "a rehearsal, ranks sharing a GPU" if any(r.rehearsal for r in ranks0) else None
-
-
-# -----------------------------------------------------------------------------
-# what a folder says of the machine (plan.py --from)
-
-
-def run_figures(results: Results) -> dict[str, float | None]:
-    """One run's figures, each the median over its ranks; the link's at the size of the old probe, 256 MiB."""
-    def median(values: Iterable[Any]) -> float | None:
-        values = [v for v in values if isinstance(v, (int, float))]
-        return statistics.median(values) if values else None
-    return {"mfu": median(r.mfu for r in results), "link_busbw": median(r.link_busbw_at(1 << 28) for r in results),
-            "device_total_bytes": median(r.device_total_bytes for r in results),
-            "peak_tflops": median(r.peak_tflops for r in results)}
-
-
-def machine_of(folder: Path) -> tuple[dict[str, tuple[float, str]], str | None, dict[int, float] | None]:
-    """What a results folder's summary.json (its "results": each run's RESULT lines) says of the machine, for
-    plan.py's --from: {input: (value, source)}, the devices, and the link's curve where a run measured one. The
-    MFU is the best run's, the one that lost least to communication, and a third higher where it checkpointed,
-    since --mfu counts the recomputed FLOPs; its all-gather's bus bandwidth is within a node if all its ranks
-    were on one."""
-    try:
-        runs = json.loads((folder / "summary.json").read_text())["results"]
-        results = {name: [RankResult.from_dict(r) for r in rs if isinstance(r, dict)] for name, rs in runs.items()}
-    except OSError as e:
-        raise BadInput(f"--from {folder}: cannot read summary.json: {e.strerror}") from None
-    except (ValueError, KeyError, TypeError, AttributeError):
-        raise BadInput(f"--from {folder}: summary.json holds no results") from None
-    found, source = {}, f"measured in {folder}"
-    figures = {name: run_figures(rs) for name, rs in results.items() if rs}
-    best = max((n for n in figures if figures[n]["mfu"]), key=lambda n: figures[n]["mfu"], default=None)
-    if best:
-        recompute = 4 / 3 if results[best][0].run.checkpoint else 1
-        found["mfu"] = (min(1.0, figures[best]["mfu"] * recompute), f"{source} ({best})")
-    for name, f in figures.items():
-        one_node = all((r.world_size or 0) <= (r.ranks_per_node or 0) for r in results[name])
-        if f["link_busbw"]:
-            found.setdefault("intra_busbw_gbs" if one_node else "inter_busbw_gbs", (f["link_busbw"] / 1e9, source))
-        if f["device_total_bytes"]:
-            found.setdefault("gpu_mem_gib", (gib(f["device_total_bytes"]), source))
-        if f["peak_tflops"]:
-            found.setdefault("peak_tflops", (f["peak_tflops"], source))
-    devices = sorted({r.env.device for rs in results.values() for r in rs if r.env} - {None})
-    curves = [r.link_busbw for rs in results.values() for r in rs
-              if isinstance(r.link_busbw, dict) and r.world_size <= (r.ranks_per_node or 0)]
-    return found, ", ".join(devices) or None, {int(k): v for k, v in curves[0].items()} if curves else None
 
 
 # -----------------------------------------------------------------------------

@@ -122,6 +122,7 @@ COMPARISON = [
         optional=True),
     Row("tokens_per_s", "tokens/s", lambda rs: first(rs).tokens_per_s, ",.0f", FASTER, speed=True),
     Row("mfu", "MFU", lambda rs: first(rs).mfu, ".1%", LOWER, speed=True),
+    Row("hfu", "  HFU", lambda rs: first(rs).hfu, ".1%", LOWER, optional=True, speed=True),
 ]
 ROWS = {row.key: row for row in COMPARISON}
 
