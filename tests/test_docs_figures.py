@@ -1,11 +1,12 @@
-"""Every figure of README.md that a run measured is what its committed log says, and the README names that log;
+"""Every figure of README.md that a run measured is what its committed log says, and the README links that log;
 every figure that the code works out (the verdict's expected ratios, the plan's table) is what the code prints
-today. A figure edited by hand, or a log or the code that changes under it, fails here.
+today. DOCS holds the same for figures of docs/ and BENCHMARKS.md that the front door's review found stale. A
+figure edited by hand, or a log or the code that changes under it, fails here.
 
-FIGURES holds each figure as the README writes it, with {} where the value goes, the log it comes from, and a
-regular expression whose groups read the value off the log (or off a command's output); `show` turns a group into
-the README's form where the two differ (seconds into minutes, say). Every other number of the README's prose is
-one that no run made, named in NOT_FROM_A_RUN with its reason."""
+FIGURES holds each figure as the page writes it, with {} where the value goes, the log it comes from, and a
+regular expression whose groups read the value off the log (or off a command's output); `show` turns the groups
+into the page's form where the two differ (seconds into minutes, say), and `read` reads a figure that several
+logs make. Every other number of the README's prose is one that no run made, named in NOT_FROM_A_RUN."""
 import re
 import subprocess
 import sys
@@ -30,8 +31,12 @@ class Figure:
     pattern: str  # its groups are the values, in the text's order
     show: Optional[Callable[..., tuple]] = None  # the groups as the README writes them
     command: bool = False  # the log is a command (run from the root), not a file
+    page: str = "README.md"
+    read: Optional[Callable[[], tuple]] = None  # for a figure that several logs make: the values, read off them
 
     def values(self, source: str) -> tuple:
+        if self.read:
+            return self.read()
         found = re.search(self.pattern, source, flags=re.M)
         assert found, f"{self.log} no longer has {self.pattern!r}"
         return self.show(*found.groups()) if self.show else found.groups()
@@ -92,14 +97,43 @@ FIGURES = [
     Figure("theory's ratio for the two runs (`predict.rank_memory`) divided by {}.", f"report.py {H200X2}",
            r"stage 3 may hold up to ([\d.]+)x its predicted share", command=True),
 ]
+
+def compile_minutes() -> tuple:
+    """DeepCompile's compiling, at steps 1 and 6 of each of its five runs on 2 H200s: the least and the most."""
+    logs = [p for case in ("10-deepcompile", "11-deepcompile-mb2", "16-deepcompile-peer", "18-repeat-mb16",
+                           "19-repeat-mb2") for p in (ROOT / LOGS / "h200x2/13-fsdp2" / case).glob("r/*/stage3_deepcompile.log")]
+    assert len(logs) == 5
+    spent = [sum(float(t) for t in re.findall(r"step [16]/\d+ .* time ([\d.]+)s", log.read_text())) for log in logs]
+    return f"{min(spent) / 60:.1f}", f"{max(spent) / 60:.1f}"
+
+
+def peaks_held() -> tuple:
+    """The records and traced timelines whose peak today's prediction meets within 5%, and the extremes."""
+    log = (ROOT / LOGS / "cpu/predict/peaks-and-check-82ecdfe.txt").read_text()
+    total, most, least = re.search(r"^(\d+) max ([\d.]+) min (-[\d.]+) .* over5% \{\}$", log, flags=re.M).groups()
+    timelines = len(re.findall(r"^TIMELINE\|", log, flags=re.M))
+    return str(int(total) - timelines), str(timelines), total, f"{float(least):.1%}", f"{float(most):.1%}"
+
+
+DOCS = [
+    Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
+           f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
+           r"or better: theory predicts ([\d.]+x) less", command=True, page="docs/measurement.md"),
+    Figure("{} rank records and {} traced timelines: all {} within 5%, from {} to +{}", LOGS
+           + "cpu/predict/peaks-and-check-82ecdfe.txt", "", page="docs/measurement.md", read=peaks_held),
+    Figure("again at step 6: {} to {} minutes in all in its five runs here", LOGS + "h200x2/13-fsdp2/10-deepcompile",
+           "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
+    Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
+           read=compile_minutes),
+]
+
 # Numbers of the README's prose that no run made: the specification's, the code's settings, names and citations.
 NOT_FROM_A_RUN = {
     "1.3B", "1.3b", "2.7b", "6.7b",  # the presets' names
     "2020",  # the ZeRO paper's year
-    "0", "1", "2", "3", "5", "4", "8", "16", "10", "64", "1024",  # stages, ranks, steps, exit statuses, GPU counts
-    "30",  # steps of the run to plan from, in its command
-    "3–4x", "10", "8",  # the acceptance checks' words
-    "1", "2.6",  # FSDP2 needs torch 2.6 (zero3bench/compat.py)
+    "0", "1", "2", "3", "4", "5", "8", "16", "64", "1024",  # stages, ranks, steps, exit statuses, bytes, GPU counts
+    "3–4x", "10",  # the acceptance checks' words ("about 10 to below about 8")
+    "2.6",  # FSDP2 needs torch 2.6 (zero3bench/compat.py)
     "0.19.3",  # the oldest DeepSpeed that passes, named in requirements.txt
 }
 
@@ -113,21 +147,26 @@ def flat(text: str) -> str:
 
 
 def source(figure: Figure) -> str:
+    if figure.read:
+        return ""
     if not figure.command:
         return (ROOT / figure.log).read_text()
     return subprocess.run([sys.executable, *figure.log.split()], cwd=ROOT, capture_output=True, text=True,
                           timeout=120).stdout
 
 
-@pytest.mark.parametrize("figure", FIGURES, ids=lambda f: f.text[:40])
+@pytest.mark.parametrize("figure", FIGURES + DOCS, ids=lambda f: f"{f.page}: {f.text[:40]}")
 def test_each_figure_is_what_its_source_says(figure):
-    assert flat(figure.text.format(*figure.values(source(figure)))) in flat(readme())
+    assert flat(figure.text.format(*figure.values(source(figure)))) in flat((ROOT / figure.page).read_text())
 
 
-@pytest.mark.parametrize("figure", [f for f in FIGURES if not f.command], ids=lambda f: f.log)
-def test_the_readme_links_each_log_it_takes_a_figure_from(figure):
-    linked = {t.partition("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", readme())}
-    assert any(figure.log == t or figure.log.startswith(t.rstrip("/") + "/") for t in linked)
+@pytest.mark.parametrize("figure", [f for f in FIGURES + DOCS if not f.command], ids=lambda f: f"{f.page}: {f.log}")
+def test_each_page_links_each_log_it_takes_a_figure_from(figure):
+    page = ROOT / figure.page
+    linked = {(page.parent / t.partition("#")[0]).resolve() for t in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+              if not re.match(r"[a-z]+:", t)}
+    log = (ROOT / figure.log).resolve()
+    assert any(log == t or t in log.parents for t in linked)
 
 
 def prose_numbers(text: str) -> list[str]:
