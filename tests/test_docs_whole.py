@@ -109,3 +109,34 @@ def test_the_checks_catch_a_split_table_and_a_cut_sentence():
     assert split_tables(GOOD.replace("| 1 | 2 |", "| 1 | 2 |\n\nA note.\n\n| 3 | 4 |")) == [7]
     assert cut_sentences(GOOD.replace("its last one.", "its last")) == [9]
     assert cut_sentences(GOOD.replace("A paragraph that ends.", "of a paragraph.")) == [5]
+
+
+DOCS = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "layout.md")
+# a figure with a unit, as a run measures one
+MEASURED = re.compile(r"(?<![\w.])[-+−]?\d+(?:[.,]\d+)*\s?(GiB|MiB|GB|MB|s|ms|%|x|GB/s|TFLOP/s|tokens/s)(?!\w)")
+CITES = re.compile(r"benchmarks/logs|BENCHMARKS\.md|`(h200|h200x2|cpu)/")  # a log, or BENCHMARKS.md's, with theirs
+NO_RUN = {  # sections whose figures with units are settings and thresholds, not measurements
+    ("measurement.md", "## The table, row by row"): "a bucket's size, sizes swept, NVLink's rating, the 10% bars",
+    ("result-keys.md", "## The run"): "the link curve's message sizes",
+    ("result-keys.md", "## How it ended"): "the divergence threshold",
+    ("result-keys.md", "## Partitioning"): "the 10% bar",
+    ("result-keys.md", "## Memory"): "the 10% bar",
+    ("running.md", "## The record of a run, and comparing two runs"): "the interval of the progress lines",
+}
+
+
+def uncited_sections(page: str, name: str) -> list[str]:
+    """The headings of the sections that hold a measured figure and name no log."""
+    sections = re.split(r"(?m)^(?=#+ )", re.sub(r"```.*?```", "", page, flags=re.S))
+    return [s.splitlines()[0] for s in sections if s.strip() and MEASURED.search(s) and not CITES.search(s)
+            and (name, s.splitlines()[0]) not in NO_RUN]
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_each_section_of_the_docs_with_a_measured_figure_names_its_log(page):
+    assert uncited_sections(page.read_text(), page.name) == []
+
+
+def test_a_section_with_a_figure_and_no_log_is_caught():
+    assert uncited_sections("## A\n\nIt peaked at 6.14 GiB.\n", "x.md") == ["## A"]
+    assert uncited_sections("## A\n\nIt peaked at 6.14 GiB ([log](benchmarks/logs/h200/x)).\n", "x.md") == []
