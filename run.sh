@@ -7,8 +7,11 @@
 set -uo pipefail
 started=$(date +%s.%N)
 usage() {
+  # train_gpt.py's options, less those run.sh sets: each one whole, with the lines its help wraps onto
+  local help; help=$(python3 train_gpt.py --help 2>&1) || {
+    echo "run.sh: error: python3 train_gpt.py --help failed: ${help##*$'\n'}" >&2; exit 1; }
   cat <<'EOF'
-usage: bash run.sh [--ranks "N ..."] [--stages "0 3 ..."] [--peer fsdp2] [train_gpt.py options ...]
+usage: bash run.sh [-h | --help] [--ranks "N ..."] [--stages "0 3 ..."] [--peer fsdp2] [train_gpt.py options ...]
 
 Trains the GPT at each stage in turn (stage 0, then stage 3, by default), on each number of ranks, and
 compares them: what stage 3 partitions, memory per rank, losses, speed; then gives the verdict.
@@ -22,8 +25,8 @@ compares them: what stage 3 partitions, memory per rank, losses, speed; then giv
 
 Every other option goes to train_gpt.py; they are:
 EOF
-  python3 train_gpt.py --help | sed -n '/^options:/,$p' | tail -n +2 | grep -v -e '--stage ' -e '--config' \
-    -e '--engine' -e '--check' -e '-h, --help' -e '^ *RANKS'
+  awk '/^options:/ { on = 1; next } on && /^  -/ { keep = !/^  (-h, --help|--stage |--config |--engine |--check )/ }
+    on && keep' <<< "$help"
 }
 bad() { echo "run.sh: error: $*" >&2; exit 2; }
 # run.sh is its runs' launcher: a caller's own (a Slurm step, a PyTorchJob pod) would make its checks and its

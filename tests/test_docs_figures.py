@@ -1,0 +1,231 @@
+"""Every figure of README.md that a run measured is what its committed log says, and the README links that log;
+every figure that the code works out (the verdict's expected ratios, the plan's table) is what the code prints
+today. DOCS holds the same for figures of docs/ and BENCHMARKS.md that the front door's review found stale. A
+figure edited by hand, or a log or the code that changes under it, fails here.
+
+FIGURES holds each figure as the page writes it, with {} where the value goes, the log it comes from, and a
+regular expression whose groups read the value off the log (or off a command's output); `show` turns the groups
+into the page's form where the two differ (seconds into minutes, say), and `read` reads a figure that several
+logs make. Every other number of the README's prose is one that no run made, named in NOT_FROM_A_RUN."""
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pytest
+
+from conftest import ROOT
+
+README = ROOT / "README.md"
+LOGS = "benchmarks/logs/"
+H200_DEFAULT = LOGS + "h200/33-suite/gpu_launches/popen-gw1/gpu_default0/20261202-135050-LG4z"
+H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
+CPU_CI = LOGS + "cpu/ci/readme-final-8f4de6e.txt"
+
+
+@dataclass(frozen=True)
+class Figure:
+    text: str  # as the README writes it, {} for each value
+    log: str  # the committed log, relative to the root; or a command whose output the pattern reads
+    pattern: str  # its groups are the values, in the text's order
+    show: Optional[Callable[..., tuple]] = None  # the groups as the README writes them
+    command: bool = False  # the log is a command (run from the root), not a file
+    page: str = "README.md"
+    read: Optional[Callable[[], tuple]] = None  # for a figure that several logs make: the values, read off them
+
+    def values(self, source: str) -> tuple:
+        if self.read:
+            return self.read()
+        found = re.search(self.pattern, source, flags=re.M)
+        assert found, f"{self.log} no longer has {self.pattern!r}"
+        return self.show(*found.groups()) if self.show else found.groups()
+
+
+def ratio(a: str, b: str) -> str:
+    return f"{float(a.replace(',', '')) / float(b.replace(',', '')):.2f}x"
+
+
+def minutes_seconds(s: str) -> tuple:
+    return f"{int(float(s)) // 60} min {int(float(s)) % 60} s",
+
+
+PEAK_ROW = r"^peak memory +([\d.]+) GiB +([\d.]+) GiB +([\d.]+) GiB$"
+FIGURES = [
+    # the two commands
+    Figure("It took {} s on a 2-core CPU", CPU_CI, r"VERDICT: PASS\n.*\n\nreal\t0m([\d.]+)s",
+           lambda s: (str(round(float(s))),)),
+    Figure("and {} s on one H200, during the test suite", H200_DEFAULT + "/summary.json",
+           r'"report_s": [\d.]+,\s*"total_s": ([\d.]+)', lambda s: (str(round(float(s))),)),
+    Figure("Run the tests: {} on 2 CPU cores, {} passed and {} skipped", CPU_CI,
+           r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (*minutes_seconds(t), p, s)),
+    Figure("{} s on one H200's 16 cores, {} passed and {} skipped", LOGS + "h200/33-suite/tests.txt",
+           r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (str(round(float(t))), p, s)),
+    # the answer on 2 H200s
+    Figure("| DeepSpeed stage 0 | {} GiB | {} GiB | {} |", H200X2 + "/report.txt",
+           r"^model states +[\d.]+ GiB +([\d.]+) GiB[\s\S]*^peak memory +[\d.]+ GiB +([\d.]+) GiB"
+           r"[\s\S]*^tokens/s +[\d,]+ +([\d,]+)"),
+    Figure("| DeepSpeed stage 3 | {} GiB | {} GiB | {} |", H200X2 + "/report.txt",
+           r"^model states +[\d.]+ GiB +[\d.]+ GiB +([\d.]+) GiB[\s\S]*" + PEAK_ROW[:-1] + r"[\s\S]*"
+           r"^tokens/s +[\d,]+ +[\d,]+ +([\d,]+)", lambda m, _a, _b, p, t: (m, p, t)),
+    Figure("| PyTorch FSDP2 | {} GiB | {} GiB | {} |", H200X2 + "/report.txt",
+           r"^model states +([\d.]+) GiB[\s\S]*^peak memory +([\d.]+) GiB[\s\S]*^tokens/s +([\d,]+)"),
+    # stage 0's peak over stage 3's, and stage 3's tokens/s over FSDP2's
+    Figure("cuts the peak {} against stage 0, and runs at {} FSDP2's tokens/s", H200X2 + "/report.txt",
+           PEAK_ROW[:-1] + r"[\s\S]*^tokens/s +([\d,]+) +[\d,]+ +([\d,]+)",
+           lambda _f, p0, p3, fsdp2, s3: (ratio(p0, p3), ratio(s3, fsdp2))),
+    # the plan, and the versions
+    Figure("within 5% of every one of the {} peaks of committed H200 runs", LOGS + "cpu/predict/peaks-and-check-82ecdfe.txt",
+           r"^(\d+) max [\d.]+ min -[\d.]+ .* over5% \{\}$"),
+    Figure("torch {}, DeepSpeed {}: run.sh PASS at stages 0 to 3, {} passed", LOGS + "cpu/ci/oldest-leg-1f65427.txt",
+           r"^oldest pair: torch ([\d.]+)\+\w+ deepspeed ([\d.]+)$[\s\S]*stages \"0 1 2 3\"[\s\S]*^VERDICT: PASS"
+           r"[\s\S]*^(\d+) passed"),
+    Figure("torch {}, DeepSpeed {}: {} passed", LOGS
+           + "cpu/types/hints-runtime-9aae04a.txt", r"torch ([\d.]+)\+\w+ deepspeed ([\d.]+)[\s\S]*^(\d+) passed"),
+    Figure("torch {}, DeepSpeed {}: stages 0 and 3 on 4 rehearsed ranks, {}", LOGS
+           + "h200/25-oldest/default/full-0.19.3/20261201-142019-mAuG/summary.md",
+           r"^# ZeRO benchmark: (\w+)[\s\S]*^\| torch \| ([\d.]+)\+\w+ \|\n\| deepspeed \| ([\d.]+) \|",
+           lambda verdict, torch, ds: (torch, ds, verdict)),
+    Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/33-suite/tests.txt",
+           r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*^(\d+) passed"),
+    Figure("(Slurm, Open MPI {}, pdsh, sshd", LOGS + "cpu/launchers/start.txt", r"mpirun \(Open MPI\) ([\d.]+)$"),
+    # what the code works out: (b)'s expectation, from today's report.py on the two runs
+    Figure('prints "expected {} less or better: theory predicts {} less" for the default on one H200', f"report.py {H200_DEFAULT}",
+           r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
+    Figure('"expected {} less or better: theory predicts {} less" for the 2-H200 run above', f"report.py {H200X2}",
+           r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
+    Figure("theory's ratio for the two runs (`predict.rank_memory`) divided by {}.", f"report.py {H200X2}",
+           r"stage 3 may hold up to ([\d.]+)x its predicted share", command=True),
+]
+
+def compile_minutes() -> tuple:
+    """DeepCompile's compiling, at steps 1 and 6 of each of its five runs on 2 H200s: the least and the most."""
+    logs = [p for case in ("10-deepcompile", "11-deepcompile-mb2", "16-deepcompile-peer", "18-repeat-mb16",
+                           "19-repeat-mb2") for p in (ROOT / LOGS / "h200x2/13-fsdp2" / case).glob("r/*/stage3_deepcompile.log")]
+    assert len(logs) == 5
+    spent = [sum(float(t) for t in re.findall(r"step [16]/\d+ .* time ([\d.]+)s", log.read_text())) for log in logs]
+    return f"{min(spent) / 60:.1f}", f"{max(spent) / 60:.1f}"
+
+
+def peaks_held() -> tuple:
+    """The records and traced timelines whose peak today's prediction meets within 5%, and the extremes."""
+    log = (ROOT / LOGS / "cpu/predict/peaks-and-check-82ecdfe.txt").read_text()
+    total, most, least = re.search(r"^(\d+) max ([\d.]+) min (-[\d.]+) .* over5% \{\}$", log, flags=re.M).groups()
+    timelines = len(re.findall(r"^TIMELINE\|", log, flags=re.M))
+    return str(int(total) - timelines), str(timelines), total, f"{float(least):.1%}", f"{float(most):.1%}"
+
+
+DOCS = [
+    Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
+           f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
+           r"or better: theory predicts ([\d.]+x) less", command=True, page="docs/measurement.md"),
+    Figure("{} rank records and {} traced timelines: all {} within 5%, from {} to +{}", LOGS
+           + "cpu/predict/peaks-and-check-82ecdfe.txt", "", page="docs/measurement.md", read=peaks_held),
+    Figure("again at step 6: {} to {} minutes in all in its five runs here", LOGS + "h200x2/13-fsdp2/10-deepcompile",
+           "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
+    Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
+           read=compile_minutes),
+]
+
+# Numbers of the README's prose that no run made: the specification's, the code's settings, names and citations.
+NOT_FROM_A_RUN = {
+    "1.3B", "1.3b", "2.7b", "6.7b",  # the presets' names
+    "2020",  # the ZeRO paper's year
+    "0", "1", "2", "3", "4", "5", "8", "16", "64", "1024",  # stages, ranks, steps, exit statuses, bytes, GPU counts
+    "3–4x", "10",  # the acceptance checks' words ("about 10 to below about 8")
+    "2.6",  # FSDP2 needs torch 2.6 (zero3bench/compat.py)
+    "0.19.3",  # the oldest DeepSpeed that passes, named in requirements.txt
+}
+
+
+def readme() -> str:
+    return README.read_text()
+
+
+def flat(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def source(figure: Figure) -> str:
+    if figure.read:
+        return ""
+    if not figure.command:
+        return (ROOT / figure.log).read_text()
+    return subprocess.run([sys.executable, *figure.log.split()], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120).stdout
+
+
+@pytest.mark.parametrize("figure", FIGURES + DOCS, ids=lambda f: f"{f.page}: {f.text[:40]}")
+def test_each_figure_is_what_its_source_says(figure):
+    assert flat(figure.text.format(*figure.values(source(figure)))) in flat((ROOT / figure.page).read_text())
+
+
+@pytest.mark.parametrize("figure", [f for f in FIGURES + DOCS if not f.command], ids=lambda f: f"{f.page}: {f.log}")
+def test_each_page_links_each_log_it_takes_a_figure_from(figure):
+    page = ROOT / figure.page
+    linked = {(page.parent / t.partition("#")[0]).resolve() for t in re.findall(r"\]\(([^)\s]+)\)", page.read_text())
+              if not re.match(r"[a-z]+:", t)}
+    log = (ROOT / figure.log).resolve()
+    assert any(log == t or t in log.parents for t in linked)
+
+
+def prose_numbers(text: str) -> list[str]:
+    """The numbers of the README's prose and tables: code blocks, inline code and link targets left out."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", "", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    return re.findall(r"(?<![\w.])\d+(?:[.,]\d+)*(?:–\d+x|[A-Za-z]\b)?", text)
+
+
+def test_every_number_of_the_readme_is_a_figure_or_named_as_no_run():
+    text = flat(readme())
+    for figure in FIGURES:
+        text = text.replace(flat(figure.text.format(*figure.values(source(figure)))), " ")
+    assert sorted(set(prose_numbers(text)) - NOT_FROM_A_RUN) == []
+
+
+def code_blocks() -> list[tuple[str, str, str]]:
+    """(its language, the last line of prose before it, its text) for each fenced block of the README."""
+    blocks, prose, lines = [], "", iter(readme().splitlines())
+    for line in lines:
+        if line.startswith("```"):
+            body = []
+            for inner in lines:
+                if inner.startswith("```"):
+                    break
+                body.append(inner)
+            blocks.append((line[3:], prose, "\n".join(body)))
+        elif line.strip():
+            prose = line
+    return blocks
+
+
+EXCERPTS = [CPU_CI, H200_DEFAULT + "/report.txt"]  # logs whose lines the README quotes, in a block after its link
+
+
+@pytest.mark.parametrize("log", EXCERPTS)
+def test_each_excerpt_is_the_logs_lines_in_order(log):
+    """The block after the prose that links the log holds its lines, in order, less rows cut (…)."""
+    [block] = [text for lang, before, text in code_blocks() if not lang and f"]({log})" in before]
+    lines = iter((ROOT / log).read_text().splitlines())
+    missing = [line for line in block.splitlines() if not line.startswith("…") and line not in lines]
+    assert missing == []
+
+
+def test_the_plan_example_is_what_its_command_prints_today():
+    """The README's plan table is lines of a fresh `python3 plan.py ...`, one after another, as it prints them.
+    After a change to plan.py's output, run the command and paste its table."""
+    blocks = code_blocks()
+    [at] = [i for i, (lang, _, text) in enumerate(blocks) if lang == "bash" and text.startswith("python3 plan.py")]
+    command, block = blocks[at][2], blocks[at + 1][2]
+    out = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120).stdout.splitlines()
+    lines = block.splitlines()
+    starts = [i for i, line in enumerate(out) if line == lines[0]]
+    table = out[out.index(next(line for line in out if line.startswith("setup "))):]
+    table = table[:table.index("")] if "" in table else table
+    assert any(out[i:i + len(lines)] == lines for i in starts), f"paste {command}'s table:\n" + "\n".join(table)
+
+
+def test_the_readme_is_a_front_door_of_under_12000_characters():
+    assert len(readme()) < 12000
