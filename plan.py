@@ -21,7 +21,7 @@ from pathlib import Path
 
 from zero3bench import stages
 from zero3bench.accounting import host, predict, timing, traffic
-from zero3bench.accounting.shapes import LOSS_CHUNK, PRESETS, GPTConfig
+from zero3bench.accounting.shapes import DEFAULT_MODEL, LOSS_CHUNK, PRESETS, GPTConfig
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
 from zero3bench.options import BadInput
@@ -238,7 +238,7 @@ def amount(key):
 def parse_args(argv):
     p = Parser(prog="plan.py", description="Plan a cluster: memory and step time per GPU, ZeRO stages 0-3 and "
                                            "FSDP2, from zero3bench/accounting/predict.py alone (no torch).")
-    p.add_argument("--preset", choices=PRESETS, help="one of train_gpt.py's models (default 1.3b)")
+    p.add_argument("--preset", choices=PRESETS, help=f"one of train_gpt.py's models (default {DEFAULT_MODEL})")
     for flag in SHAPE_FLAGS:
         p.add_argument(f"--{flag.replace('_', '-')}", type=whole(flag), help="a shape of your own, with the others")
     p.add_argument("--seq", type=whole("seq"), help="tokens per row (default: the preset's context; 1024 with "
@@ -293,7 +293,7 @@ def resolve_model(args):
     elif args.params and not args.preset:
         shape, name = None, "params"
     else:
-        name = args.preset or "1.3b"
+        name = args.preset or DEFAULT_MODEL
         shape = dataclasses.replace(PRESETS[name], context=args.seq or PRESETS[name].context)
     args.seq = shape.context if shape else args.seq or 1024
     params = round(args.params) if args.params else shape.params
