@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple, NoReturn
 
-from zero3bench.accounting.shapes import PRESETS, ModelShape
+from zero3bench.accounting.shapes import DEFAULT_MODEL, PRESETS, ModelShape
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
 from zero3bench.options import BadInput
@@ -83,7 +83,7 @@ MACHINE_FLAGS = [("gpu_mem_gib", "--gpu-mem-gib", "one GPU's memory in GiB"),
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = Parser(prog="plan.py", description="Plan a cluster: memory and step time per GPU, ZeRO stages 0-3 and "
                                            "FSDP2, from zero3bench/accounting/predict.py alone (no torch).")
-    p.add_argument("--preset", choices=PRESETS, help="one of train_gpt.py's models (default 1.3b)")
+    p.add_argument("--preset", choices=PRESETS, help=f"one of train_gpt.py's models (default {DEFAULT_MODEL})")
     for flag in SHAPE_FLAGS:
         p.add_argument(f"--{flag.replace('_', '-')}", type=whole(flag), help="a shape of your own, with the others")
     p.add_argument("--seq", type=whole("seq"), help="tokens per row (default: the preset's context; 1024 with "
@@ -132,7 +132,7 @@ def resolve_model(args: argparse.Namespace) -> Model:
     elif args.params and not args.preset:
         return Model("params", round(args.params))
     else:
-        name = args.preset or "1.3b"
+        name = args.preset or DEFAULT_MODEL
         shape = replace(PRESETS[name], context=args.seq or PRESETS[name].context)
     params = round(args.params) if args.params else shape.params
     if params <= shape.root_params:

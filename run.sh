@@ -29,13 +29,13 @@ EOF
     on && keep' <<< "$help"
 }
 bad() { echo "run.sh: error: $*" >&2; exit 2; }
-# run.sh is its runs' launcher: a caller's own (a Slurm step, a PyTorchJob pod) would make its checks and its
-# one-rank runs another rank of another world, whose errors print nowhere (machine.adopt_launcher_env reads these)
-unset RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT SLURM_PROCID OMPI_COMM_WORLD_RANK \
-  PMI_RANK PMIX_RANK
 results=$(realpath -m -- "${RESULTS:-$(dirname "$0")/results}")
 command="bash run.sh"; [ $# -eq 0 ] || command+=$(printf ' %q' "$@")
 cd "$(dirname "$0")"
+# run.sh is its runs' launcher: a caller's own (a Slurm step, a PyTorchJob pod) would make its checks and its
+# one-rank runs another rank of another world, whose errors print nowhere (zero3bench/launchers.py names them)
+inherited=$(python3 -m zero3bench.launchers) || exit
+unset $inherited
 ranks=${RANKS:-} stages="0 3" peer="" args=()  # run.sh's options anywhere on the line; the rest go to train_gpt.py
 while [ $# -gt 0 ]; do
   case $1 in

@@ -2,23 +2,32 @@
 srun, salloc and sbatch, Open MPI's mpirun, the deepspeed launcher over pdsh and ssh to two node names, and
 torchrun with two rendezvous agents. srun and mpirun set their own variables, not torch.distributed's, and
 train_gpt.py must read them, or every process would train alone as rank 0 of 1. A rank killed under each is
-named in the report; a rank that hangs must end the run, with the hung rank named, within a stated time."""
+named in the report; a rank that hangs must end the run, with the hung rank named, within a stated time.
+
+A new launcher brings: its record in zero3bench/launchers.py's LAUNCHERS, with the functions that it names; its
+command line in tests/launchers/real.py's COMMANDS, and its engine in tests/launchers/start.sh; and its SAMPLE
+below (the variables it sets and its words for a rank it lost). The tests of "a new launcher" fail until each is
+there, and nothing else names a launcher."""
 import functools
 import os
 import pwd
+import re
+import signal
 import socket
 import subprocess
+import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from zero3bench import machine, options, parts, result
+from zero3bench import launchers, machine, options, parts, result
 import train_gpt
-from conftest import HUNG_TIMEOUT_S, record
+from conftest import HUNG_TIMEOUT_S, ROOT, record
 from launchers import real
-from zero3bench.reporting import reading
+from zero3bench.reporting import deaths, reading
 
-LAUNCHERS = ("srun", "mpirun", "deepspeed", "torchrun")
+LAUNCHERS = tuple(launcher.name for launcher in launchers.LAUNCHERS)
 # on one pytest-xdist worker: the engines are started once, and the launches through them shared lazily
 pytestmark = pytest.mark.xdist_group("launchers")
 
@@ -145,7 +154,7 @@ def test_a_killed_rank_is_named_in_the_report(launcher, rank_1_killed_under):
     ("gpu[12,15]", "gpu12"),
 ])
 def test_first_host_of_a_slurm_node_list(nodelist, host):
-    assert machine.first_host(nodelist) == host
+    assert launchers.first_host(nodelist) == host
 
 
 def srun_task(rank, local_rank, job_id="4242"):
@@ -335,3 +344,92 @@ def test_torchruns_failure_that_no_result_explains_is_the_dead_rank(tmp_path):
     rank_0 = result.RankResult(rank=0, world_size=2, launcher="torchrun", error="RuntimeError: Connection reset",
                                env=parts.Environment(host="vm"))
     assert reading.dead_rank(log, [rank_0]) == "rank 1 on vm ended first, killed by SIGKILL (the launcher's report)"
+
+
+# -----------------------------------------------------------------------------
+# a new launcher: what it must bring
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A launcher as a rank sees it: what it sets for rank 1 of 2 on one node, and its words for that rank killed."""
+    env: dict[str, str]
+    words: str
+
+
+TORCH_SET = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+SAMPLES = {
+    "deepspeed": Sample({**TORCH_SET, "CROSS_RANK": "0"}, DEEPSPEED_ONE_NODE),
+    "torchrun": Sample({**TORCH_SET, "TORCHELASTIC_RUN_ID": "zero3"}, TORCHRUN_RANK_0_FIRST),
+    "mpirun": Sample({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"},
+                     "mpirun noticed that process rank 1 with PID 0 on node vm exited on signal 9 (Killed).\n"),
+    "srun": Sample({**srun_task(1, 1), "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "2"},
+                   "srun: error: vm: task 1: Killed\n"),
+}
+
+
+def test_every_launcher_of_the_table_has_a_sample_and_a_real_launch():
+    assert sorted(SAMPLES) == sorted(real.COMMANDS) == sorted(LAUNCHERS)
+
+
+@pytest.mark.parametrize("launcher", launchers.LAUNCHERS, ids=LAUNCHERS)
+def test_a_launcher_is_known_by_its_variables_alone(launcher):
+    env = SAMPLES[launcher.name].env
+    assert [other.name for other in launchers.LAUNCHERS if other.started(env)] == [launcher.name]
+    assert launcher.rank in launcher.detected_by  # the variable that says it started this process gives the rank
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_launchers_variables_become_torch_distributeds(launcher):
+    env = dict(SAMPLES[launcher].env)
+    assert machine.checked_launcher_env(env) == launcher
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("1", "1", "2")
+
+
+@pytest.mark.parametrize("launcher", launchers.LAUNCHERS, ids=LAUNCHERS)
+def test_a_launchers_words_name_the_rank_it_lost_and_no_other_launcher_reads_them(launcher):
+    words = SAMPLES[launcher.name].words
+    node = "localhost" if launcher.name in ("deepspeed", "torchrun") else "vm"
+    assert (1, node, -signal.SIGKILL) in launcher.dead(words, {0})
+    assert [other.name for other in launchers.LAUNCHERS if other.dead(words, {0})] == [launcher.name]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_the_report_reads_a_launchers_words_without_its_name(launcher):
+    # a run that left no result names no launcher: each launcher's words are looked for
+    assert (1, "vm" if launcher in ("mpirun", "srun") else "localhost", -signal.SIGKILL) in deaths.told(
+        SAMPLES[launcher].words, None, {0}, None)
+
+
+def test_a_log_with_mpiruns_words_and_sruns_is_read_as_mpiruns():
+    # mpirun inside an allocation: srun tells of the daemon it started on a node, mpirun of the rank
+    words = "srun: error: vm: task 0: Killed\n" + SAMPLES["mpirun"].words
+    assert deaths.told(words, None, set(), None) == [(1, "vm", -signal.SIGKILL)]
+
+
+def test_run_sh_is_told_to_unset_every_launchers_rank_and_torch_distributeds_variables():
+    proc = subprocess.run([sys.executable, "-m", "zero3bench.launchers"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.split() == launchers.inherited()
+    assert {launcher.rank for launcher in launchers.LAUNCHERS} | set(launchers.TORCH_VARIABLES) <= set(proc.stdout.split())
+
+
+def own_variables():
+    """Each launcher's variables that are not torch.distributed's."""
+    named = {v for launcher in launchers.LAUNCHERS
+             for v in (*launcher.detected_by, launcher.rank, launcher.world, launcher.local_rank)}
+    return sorted(named - set(launchers.TORCH_VARIABLES))
+
+
+# a launcher's name compared with a literal: launcher == "srun", r.launcher != "deepspeed", launcher in ("srun", ...)
+NAME_COMPARED = re.compile(r"launcher\w*\)?\s*(==|!=|in|not in)\s*\(?[\"']")
+CONSUMERS = sorted({*ROOT.glob("*.py"), *ROOT.glob("zero3bench/**/*.py"), ROOT / "run.sh"} -
+                   {ROOT / "zero3bench" / "launchers.py"})
+
+
+@pytest.mark.parametrize("path", CONSUMERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_table_names_a_launcher_or_its_variables(path):
+    text = path.read_text()
+    assert [v for v in own_variables() if re.search(rf"\b{v}\b", text)] == []
+    assert NAME_COMPARED.findall(text) == []

@@ -15,7 +15,7 @@ import torch
 from zero3bench import config_checks, fsdp2, machine, options
 from zero3bench.accounting import predict
 from zero3bench.accounting.memory import Counts, MemoryTerms, Seat, offload_of, rank_memory
-from zero3bench.accounting.shapes import PRESETS
+from zero3bench.accounting.shapes import DEFAULT_MODEL, PRESETS
 from zero3bench.formatting import size
 
 
@@ -50,7 +50,7 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], options.Run, np.n
     """Check every input and fill in what depends on the machine, the config and the number of ranks. Returns
     the DeepSpeed config, the run (options.Run), the tokens and one line that says how the inputs were read."""
     on_gpu = torch.cuda.is_available()
-    model = args.model or ("1.3b" if on_gpu else "tiny")
+    model = args.model or (DEFAULT_MODEL if on_gpu else "tiny")
     shape = PRESETS[model]
     host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(),
             "known_optimizer": config_checks.known_optimizer, "fsdp2_missing": fsdp2.missing()}

@@ -4,10 +4,8 @@ so that each can go when its cause does.
 """
 from __future__ import annotations
 
-import base64
 import ctypes
 import hashlib
-import json
 import os
 import platform
 import re
@@ -21,14 +19,13 @@ import warnings
 from collections.abc import Mapping, MutableMapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import deepspeed
-import psutil
 import torch
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
-from zero3bench import compat
+from zero3bench import compat, launchers
 from zero3bench.parts import Environment
 from zero3bench.options import MAX_RANKS, BadInput
 
@@ -38,7 +35,6 @@ if TYPE_CHECKING:
     from zero3bench import fsdp2
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what env:// reads
 
 
 def free_port() -> int:
@@ -48,60 +44,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: 'gpu[03-04,07],cpu1' -> 'gpu03'."""
-    match = re.match(r"([^,\[]+)(?:\[([^\],-]+))?", nodelist)
-    if not match:
-        raise BadInput(f"cannot read the first host of the Slurm node list {nodelist!r}")
-    return match.group(1) + (match.group(2) or "")
-
-
-def slurm_env(env: Mapping[str, str]) -> dict[str, str]:
-    """torch.distributed's variables from srun's: one task per GPU, the first node as the master."""
-    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    # "8(x2),4": 8 tasks on each of the first two nodes; the ranks per node are the first node's
-    local_size = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "").split("(")[0]
-    if not nodelist or "SLURM_NTASKS" not in env:
-        raise BadInput("srun set SLURM_PROCID but not SLURM_NTASKS and the node list: run one task per GPU with srun")
-    return {"RANK": env["SLURM_PROCID"], "LOCAL_RANK": env.get("SLURM_LOCALID", "0"), "WORLD_SIZE": env["SLURM_NTASKS"],
-            "LOCAL_WORLD_SIZE": local_size.split(",")[0] or env["SLURM_NTASKS"],
-            "MASTER_ADDR": env.get("MASTER_ADDR") or first_host(nodelist),
-            # every task must agree on the port without talking first: derive it from the job
-            "MASTER_PORT": env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)}
-
-
-def openmpi_env(env: Mapping[str, str]) -> dict[str, str]:
-    """torch.distributed's variables from OpenMPI's mpirun. With one host the master is this host; across
-    hosts nothing says which is rank 0's, so MASTER_ADDR must come with the command (mpirun -x)."""
-    world, local = env["OMPI_COMM_WORLD_SIZE"], env.get("OMPI_COMM_WORLD_LOCAL_SIZE", env["OMPI_COMM_WORLD_SIZE"])
-    if "MASTER_ADDR" not in env and local != world:
-        raise BadInput("under mpirun across hosts, give rank 0's address: mpirun -x MASTER_ADDR=<host> ...")
-    return {"RANK": env["OMPI_COMM_WORLD_RANK"], "LOCAL_RANK": env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
-            "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": local, "MASTER_ADDR": env.get("MASTER_ADDR", "127.0.0.1"),
-            "MASTER_PORT": env.get("MASTER_PORT", "29500")}
-
-
 def adopt_launcher_env(env: MutableMapping[str, str] = os.environ) -> str:
-    """The launcher's name, with RANK and the rest of torch.distributed's variables set in env. The deepspeed
-    launcher and torchrun set them; srun and mpirun set their own instead: without these, every process would
-    train alone as rank 0 of 1. A launcher that sets neither is refused rather than guessed."""
-    if "RANK" in env:
-        # the deepspeed launcher's launch.py also sets CROSS_RANK (its node's rank); torchrun sets TORCHELASTIC_*
-        return "deepspeed" if "CROSS_RANK" in env else "torchrun" if "TORCHELASTIC_RUN_ID" in env else "RANK set"
-    # before Slurm's: inside an allocation, mpirun starts its daemons on the other nodes with srun, whose
-    # SLURM_PROCID and SLURM_STEP_ID (the daemon's) its ranks there inherit
-    if "OMPI_COMM_WORLD_RANK" in env:
-        env.update(openmpi_env(env))
-        return "mpirun"
-    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:  # srun, not a batch script's own shell
-        env.update(slurm_env(env))
-        return "srun"
-    if "PMI_RANK" in env or "PMIX_RANK" in env:
+    """The launcher's name (launchers.LAUNCHERS), with RANK and the rest of torch.distributed's variables set in
+    env. The deepspeed launcher and torchrun set them; srun and mpirun set their own instead: without these, every
+    process would train alone as rank 0 of 1. A launcher that sets neither is refused rather than guessed."""
+    found = next((launcher for launcher in launchers.LAUNCHERS if launcher.started(env)), None)
+    if "RANK" in env:  # set by its launcher, or by hand: left as it is
+        return found.name if found else launchers.UNNAMED
+    if found:
+        env.update(found.torch_variables(env))
+        return found.name
+    if any(name in env for name in launchers.UNREAD):
         raise BadInput("this MPI sets PMI_RANK, which train_gpt.py does not read: set RANK, LOCAL_RANK, WORLD_SIZE, "
-                       "MASTER_ADDR and MASTER_PORT, or launch with deepspeed, torchrun, srun or OpenMPI's mpirun")
+                       "MASTER_ADDR and MASTER_PORT, or launch with one of "
+                       f"{', '.join(launcher.name for launcher in launchers.LAUNCHERS)}")
     env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"})
     env.setdefault("MASTER_PORT", str(free_port()))
-    return "one process"
+    return launchers.ONE_PROCESS
 
 
 def checked_launcher_env(env: MutableMapping[str, str] = os.environ) -> str:
@@ -110,13 +69,13 @@ def checked_launcher_env(env: MutableMapping[str, str] = os.environ) -> str:
     given = {name: env.get(name) for name in ("WORLD_SIZE", "LOCAL_RANK")}
     launcher = adopt_launcher_env(env)
     overruled = [f"{name}={value}" for name, value in given.items() if value not in (None, env.get(name))]
-    if launcher == "one process" and overruled:
+    if launcher == launchers.ONE_PROCESS and overruled:
         raise BadInput(f"{' '.join(overruled)} is set but not RANK, so this process would train alone: set RANK and "
                        "the rest, or unset them")
-    missing = [name for name in LAUNCHER_VARIABLES if not env.get(name)]
+    missing = [name for name in launchers.TORCH_VARIABLES if not env.get(name)]
     if missing:
         raise BadInput(f"RANK={env['RANK']} is set but not {', '.join(missing)}: a launcher sets all of "
-                       f"{', '.join(LAUNCHER_VARIABLES)}; set the rest, or unset RANK to train as one process")
+                       f"{', '.join(launchers.TORCH_VARIABLES)}; set the rest, or unset RANK to train as one process")
     numbers = {name: env[name] for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT")
                if name in env}
     for name, text in numbers.items():
@@ -141,24 +100,16 @@ def local_ranks(world: int, env: Mapping[str, str] = os.environ) -> int:
 
 
 def launcher_node(launcher: str, env: Mapping[str, str] = os.environ) -> str:
-    """The node this rank runs on, by its launcher's name for it: srun's, or the deepspeed launcher's hostfile's
-    (where two names reach one host, the host's own name would not tell the nodes apart); else the host's name."""
-    if launcher == "srun" and env.get("SLURMD_NODENAME"):
-        return env["SLURMD_NODENAME"]
-    if launcher == "deepspeed":
-        # its launch.py, this rank's parent, holds the hostfile's nodes in its --world_info, in node-rank order
-        try:
-            [world_info] = [a[len("--world_info="):] for a in psutil.Process().parent().cmdline()
-                            if a.startswith("--world_info=")]
-            return list(json.loads(base64.urlsafe_b64decode(world_info)))[int(env.get("CROSS_RANK", 0))]
-        except (psutil.Error, ValueError, IndexError, AttributeError):  # not launch.py's child after all
-            pass
-    return socket.gethostname()
+    """The node this rank runs on, by its launcher's name for it (srun's, the deepspeed launcher's hostfile's),
+    else the host's name."""
+    found = launchers.named(launcher)
+    return (found and found.node and found.node(env)) or socket.gethostname()
 
 
 def prepare_process(launcher: str) -> None:
     """What a training process needs before DeepSpeed starts its work, each with its reason."""
-    if launcher == "mpirun":
+    found = launchers.named(launcher)
+    if found and found.one_stream:
         one_output_stream()
     normalise_cuda_arch_list()
     fall_back_caches()

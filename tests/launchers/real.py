@@ -11,12 +11,11 @@ from types import SimpleNamespace
 
 import conftest
 from conftest import ROOT, free_port, json_results
+from zero3bench import launchers
 
 START = ROOT / "tests" / "launchers" / "start.sh"
 NODES = ("localhost", "127.0.0.2")  # two names of this machine, as a hostfile's two nodes
 STEPS_TO_KILL = 3000  # a killed launch's --steps: far more than it runs before its rank 1 is killed
-# the variable from which each launcher's rank 1 is known, in its environment as the launcher set it
-RANK_VARIABLE = {"srun": "SLURM_PROCID", "mpirun": "OMPI_COMM_WORLD_RANK", "deepspeed": "RANK", "torchrun": "RANK"}
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]  # as root, 2 ranks on 2 cores
 
 
@@ -40,16 +39,20 @@ def torchrun_agents(port, *train):
     return [agent, agent]
 
 
+# each launcher's command lines (torchrun's two agents are two) that run train_gpt.py with train on 2 ranks, given a
+# folder of the launch's own and a free port
+COMMANDS = {
+    "srun": lambda folder, port, *train: [["salloc", "--ntasks", "2", "srun", "--ntasks", "2", "python3", "train_gpt.py",
+                                           *train]],
+    "mpirun": lambda folder, port, *train: [[*MPIRUN, "python3", "train_gpt.py", *train]],
+    "deepspeed": lambda folder, port, *train: [["deepspeed", "--hostfile", str(hostfile(folder)), "--master_port",
+                                                port, "train_gpt.py", *train]],
+    "torchrun": lambda folder, port, *train: torchrun_agents(port, *train),
+}
+
+
 def commands(launcher, folder, *train):
-    """The launcher's command lines (torchrun's two agents are two) that run train_gpt.py with train."""
-    port = str(free_port())
-    if launcher == "srun":
-        return [["salloc", "--ntasks", "2", "srun", "--ntasks", "2", "python3", "train_gpt.py", *train]]
-    if launcher == "mpirun":
-        return [[*MPIRUN, "python3", "train_gpt.py", *train]]
-    if launcher == "deepspeed":
-        return [["deepspeed", "--hostfile", str(hostfile(folder)), "--master_port", port, "train_gpt.py", *train]]
-    return torchrun_agents(port, *train)
+    return COMMANDS[launcher](folder, str(free_port()), *train)
 
 
 def marked(folder):
@@ -117,7 +120,7 @@ def stage3_of(run_sh):
 
 def kill_rank_1(launcher):
     def act(marker):
-        conftest.rank_1(conftest.run_processes(marker, "ZERO3_TEST_LAUNCH"), RANK_VARIABLE[launcher]).kill()
+        conftest.rank_1(conftest.run_processes(marker, "ZERO3_TEST_LAUNCH"), launchers.named(launcher).rank).kill()
     return act
 
 

@@ -129,3 +129,4 @@ PRESETS = {
     "2.7b": ModelShape(32, 32, 2560, 50257, 1024, 3.5e-6),
     "6.7b": ModelShape(32, 32, 4096, 50257, 1024, 3e-6),
 }
+DEFAULT_MODEL = "1.3b"  # what a GPU trains and plan.py plans when no model is named (CPU ranks train tiny: inputs.py)

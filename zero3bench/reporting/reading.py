@@ -93,13 +93,12 @@ def dead_rank(log: str | Path, results: Results) -> str | None:
     own statuses), by rank and node, and how it ended (reporting.deaths reads each launcher's words); None where
     the launcher tells of none."""
     own = [*EXIT.values(), *(128 + n for n in SIGNALS.values())]
-    told = deaths.told(log_text(log), first(results).launcher, {r.rank for r in results})
+    host = first(results).env and first(results).env.host
+    told = deaths.told(log_text(log), first(results).launcher, {r.rank for r in results}, host)
     found = next((death for death in told if death[2] not in own), None)
     if not found:
         return None
     rank, node, code = found
-    if node == "localhost" and first(results).env and first(results).launcher != "deepspeed":
-        node = first(results).env.host  # torchrun names a single node so
     ranks = f"rank {rank}" if isinstance(rank, int) else "one of ranks " + ", ".join(map(str, rank))
     how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
     return f"{ranks} on {node} ended first, {how} (the launcher's report)"
