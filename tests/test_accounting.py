@@ -111,23 +111,23 @@ def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
 
 def test_on_a_gpu_an_offloaded_optimizer_is_predicted_in_host_memory():
     r = predicted(rank(3, offload={"optimizer": "cpu", "param": None}))
-    assert r.predicted_model_state_bytes == 2 * (PSI // G)  # the bf16 shards of the weights
-    assert r.predicted_host_state_bytes == (2 + 4 + 8) * (PSI // G)
-    assert r.step_transient_bytes == 0  # the step runs on the host
+    assert r.predicted.states == 2 * (PSI // G)  # the bf16 shards of the weights
+    assert r.predicted.host_states == (2 + 4 + 8) * (PSI // G)
+    assert r.predicted.transient == 0  # the step runs on the host
 
 
 def test_without_gpus_device_and_host_are_one_memory():
     r = predicted(rank(3, offload={"optimizer": "cpu", "param": "cpu"}, mem_kind="cpu_rss"))
-    assert r.predicted_host_state_bytes == 0
-    assert r.predicted_model_state_bytes == 16 * (PSI // G)
+    assert r.predicted.host_states == 0
+    assert r.predicted.states == 16 * (PSI // G)
 
 
 def test_stage_0_counts_its_gradients_at_backwards_end_and_at_the_step_not_at_its_start():
     r = predicted(rank(0, world=1, other=123))  # the census's other tensors are predicted, not read back
     last_block = predict.block_activation_bytes(t.PRESETS["1.3b"], 2, 2048, 1024, True)
-    assert r.step_transient_bytes == 4 * PSI
-    assert r.predicted_peak_bytes == 14 * PSI + predict.WORKSPACE_BYTES + max(
-        r.activation_estimate_bytes, 2 * PSI + last_block, 2 * PSI + 4 * PSI)
+    assert r.predicted.transient == 4 * PSI
+    assert r.predicted.peak == 14 * PSI + predict.WORKSPACE_BYTES + max(
+        r.predicted.activations, 2 * PSI + last_block, 2 * PSI + 4 * PSI)
 
 
 def test_stage_3_keeps_its_gradient_buffer_and_its_bucket_throughout():
@@ -135,7 +135,7 @@ def test_stage_3_keeps_its_gradient_buffer_and_its_bucket_throughout():
     m = rank_memory(run(3), None, Counts(PSI, shard=PSI // G), {"reduce_bucket_size": 1000}, Seat(G))
     assert m.freed_grads == 0 and m.buffers == 2 * 1000
     assert m.held == 16 * (PSI // G) + 2 * 1000 + predict.WORKSPACE_BYTES
-    assert r.predicted_model_state_bytes == 16 * (PSI // G)
+    assert r.predicted.states == 16 * (PSI // G)
 
 
 def test_one_deepspeed_rank_gathers_nothing_and_fsdp2_casts_its_weights_even_alone():
@@ -147,8 +147,8 @@ def test_one_deepspeed_rank_gathers_nothing_and_fsdp2_casts_its_weights_even_alo
 
 def test_stage_3_makes_the_fp32_gradients_one_sub_group_at_a_time():
     # a sub-group closes at the parameter that reaches sub_group_size: the largest (PSI // 10) may overrun it
-    assert predicted(rank(3), sub_group=1e9).step_transient_bytes == 4 * (PSI // G)
-    assert predicted(rank(3), sub_group=1000).step_transient_bytes == 4 * (1000 + PSI // 10 // G)
+    assert predicted(rank(3), sub_group=1e9).predicted.transient == 4 * (PSI // G)
+    assert predicted(rank(3), sub_group=1000).predicted.transient == 4 * (1000 + PSI // 10 // G)
 
 
 def test_without_checkpointing_stage_3_on_several_ranks_keeps_every_blocks_weights_for_backward():
@@ -267,20 +267,18 @@ def test_partition_check_holds_each_stage_to_its_promise(stage, shares, ok):
 
 def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu():
     r = predicted(rank(3, offload={"optimizer": "cpu", "param": "cpu"}, persistent_elems=1000))
-    assert r.predicted_model_state_bytes == 2 * 1000
-    assert r.predicted_host_state_bytes == sum(r.predicted_breakdown.values()) - 2 * 1000
+    assert r.predicted.states == 2 * 1000
+    assert r.predicted.host_states == sum(r.predicted.breakdown.values()) - 2 * 1000
 
 
 def test_differences_name_the_kind_and_its_cause():
-    r = rank(3, mem_kind="cpu_rss", deepspeed_estimate=None)
-    r.predicted_breakdown = states(3)
+    r = rank(3, mem_kind="cpu_rss", deepspeed_estimate=None, predicted_breakdown=states(3))
     [line] = explain.differences(r, held(3, 0.5, 0.25, 0.25))
     assert line.startswith("model states: params +") and "still gathered after backward" in line
 
 
 def test_a_difference_without_a_known_cause_says_so():
-    r = rank(1, mem_kind="cpu_rss", deepspeed_estimate=None)
-    r.predicted_breakdown = states(1)
+    r = rank(1, mem_kind="cpu_rss", deepspeed_estimate=None, predicted_breakdown=states(1))
     [line] = explain.differences(r, held(1, 1.0, 0.3, 0.25))
     assert line.startswith("model states: grads -") and line.endswith("no known cause")
 
@@ -327,9 +325,8 @@ def test_the_groups_padding_to_an_even_partition_falls_in_the_last_one():
 
 def test_differences_explain_a_gpu_peak_far_from_its_estimate():
     r = rank(3, peak_mem_bytes=3 * 2**30, predicted_peak_bytes=2**30, activation_estimate_bytes=2**29,
-             step_transient_bytes=2**28, deepspeed_estimate=None)
-    r.predicted_breakdown = states(3)
-    [line] = explain.differences(r, r.predicted_breakdown)
+             step_transient_bytes=2**28, deepspeed_estimate=None, predicted_breakdown=states(3))
+    [line] = explain.differences(r, r.predicted.breakdown)
     assert line.startswith("peak: 3.00 GiB measured against 1.00 GiB estimated")
     assert "stage3_max_live_parameters" not in line  # a record without its zero section: its cap is unknown
 
@@ -338,9 +335,9 @@ def test_differences_explain_a_gpu_peak_far_from_its_estimate():
 def test_a_stage_3_peak_above_its_estimate_names_a_prefetch_cap_above_the_estimates_bucket(live, named):
     r = rank(3, peak_mem_bytes=3 * 2**30, predicted_peak_bytes=2**30, activation_estimate_bytes=2**29,
              step_transient_bytes=2**28, deepspeed_estimate=None,
-             zero_config={"stage3_max_live_parameters": live, "stage3_prefetch_bucket_size": 5e7})
-    r.predicted_breakdown = states(3)
-    [line] = explain.differences(r, r.predicted_breakdown)
+             zero_config={"stage3_max_live_parameters": live, "stage3_prefetch_bucket_size": 5e7},
+             predicted_breakdown=states(3))
+    [line] = explain.differences(r, r.predicted.breakdown)
     assert ("stage3_max_live_parameters (1e+09) lets the prefetch gather" in line) is named
 
 
@@ -383,7 +380,7 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
     r = record(**facts(0, world=1), steps=steps, memory_at_start=start)
     finishing.finish(r, t.PRESETS["1.3b"], {}, parts.MemorySnapshot(peak_mem_bytes=0))
-    assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
+    assert (r.peaks.peak_mem_bytes, r.peaks.peak_reserved_bytes, r.peaks.host_peak_rss_bytes) == (30, 100, 90)
 
 
 def test_a_cpu_ranks_memory_snapshot_records_its_peak_resident_set_alone():
@@ -491,7 +488,7 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
         if not predictable(r):
             continue
         finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
-        miss = r.predicted_peak_bytes / training_peak(r) - 1
+        miss = r.predicted.peak / training_peak(r) - 1
         covered.add((summary.relative_to(LOGS).parts[1], r.run.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
@@ -529,13 +526,13 @@ def test_the_predicted_model_states_are_within_1_percent_of_every_committed_run_
         if not (r.model_state_breakdown and r.steps and not r.oom and (r.zero_config or r.run.engine == "fsdp2")):
             continue
         finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
-        miss = r.predicted_model_state_bytes / r.model_state_bytes - 1
+        miss = r.predicted.states / r.model_state_bytes - 1
         if version(r.env.deepspeed) < version(OLDEST_DEEPSPEED):
             old.update({(r.env.deepspeed, f"{r.run.model} {run_name(r)}"): round(miss, 3)} if abs(miss) > 0.01 else {})
             continue
         if r.host_state_breakdown and r.mem_kind == "cuda":
             hosts += 1
-            miss = max(miss, r.predicted_host_state_bytes / r.host_state_bytes - 1, key=abs)
+            miss = max(miss, r.predicted.host_states / r.host_state_bytes - 1, key=abs)
         if abs(miss) > STATE_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} rank {r.rank} {r.run.model} {run_name(r)}"] = round(miss, 4)
     assert misses == {} and old == OLD_STATE_MISSES and hosts >= 10
@@ -548,7 +545,7 @@ def test_the_8_rank_stage_0_rehearsal_that_ran_out_of_memory_was_predicted_not_t
     shape = t.PRESETS[r.run.model]
     peak = rank_memory(dataclasses.replace(r.run, stage=0, offload={}), shape, Counts.of_shape(shape), {},
                        Seat(r.world_size)).peak
-    assert r.ranks_per_gpu * peak > r.device_total_bytes
+    assert r.ranks_per_gpu * peak > r.peaks.device_total_bytes
 
 
 def test_runs_made_with_rank_memory_record_a_predicted_peak_within_5_percent_of_their_own():
@@ -556,8 +553,8 @@ def test_runs_made_with_rank_memory_record_a_predicted_peak_within_5_percent_of_
                for summary in sorted((PEAK_RUNS.parent / "rank-memory" / "results").glob("*/summary.json"))
                for rs in json.loads(summary.read_text())["results"].values() for d in rs]
     assert len({run_name(r) for r in records}) == 14  # 3 setups x 2 micro batches x checkpointing, and G 4
-    assert {run_name(r): round(r.predicted_peak_bytes / r.peak_mem_bytes - 1, 3) for r in records
-            if abs(r.predicted_peak_bytes / r.peak_mem_bytes - 1) > PEAK_TOLERANCE} == {}
+    assert {run_name(r): round(r.predicted.peak / r.peaks.peak_mem_bytes - 1, 3) for r in records
+            if abs(r.predicted.peak / r.peaks.peak_mem_bytes - 1) > PEAK_TOLERANCE} == {}
 
 
 # -----------------------------------------------------------------------------
@@ -600,7 +597,7 @@ def test_fp16_at_stage_3_on_2_h200_ranks_peaks_at_its_overflow_check_within_1_pe
                             dataclasses.replace(Counts.of_shape(shape), params=r.params_total,
                                                 shard=r.local_param_elems), r.zero_config, Seat(2))
             assert m.held + m.overflow_check == m.peak
-            assert r.predicted_peak_bytes / training_peak(r) == pytest.approx(1, abs=0.01)
+            assert r.predicted.peak / training_peak(r) == pytest.approx(1, abs=0.01)
 
 
 def test_stage_3_offloading_its_optimizer_peaks_with_the_embeddings_gradient_on_its_way_to_the_host():
@@ -683,8 +680,8 @@ def test_the_stage_3_timelines_peak_within_5_percent_of_the_prediction_at_every_
             continue
         peak = float(summary.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
         finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
-        if abs(r.predicted_peak_bytes / peak - 1) > PEAK_TOLERANCE:
-            misses[tag] = round(r.predicted_peak_bytes / peak - 1, 3)
+        if abs(r.predicted.peak / peak - 1) > PEAK_TOLERANCE:
+            misses[tag] = round(r.predicted.peak / peak - 1, 3)
     assert misses == LIVE_MISSES
 
 
@@ -719,7 +716,7 @@ def miss_with_todays_config(r):
     """The prediction's miss of a run without a recorded config, with its stage's config as it is today."""
     zero = json.loads(stages.config_path(r.run.stage).read_text())["zero_optimization"]
     finishing.add_predictions(r, t.PRESETS[r.run.model], zero)
-    return r.predicted_peak_bytes / training_peak(r) - 1
+    return r.predicted.peak / training_peak(r) - 1
 
 
 def test_stage_0_in_fp32_peaks_at_the_all_reduces_flat_copy_within_1_percent_on_2_h200s():
@@ -808,9 +805,9 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
                  for line in log.read_text(errors="replace").splitlines() if line.startswith("RESULT "))
     found = {}
     for path, r in (*records(LOGS), *timelines):
-        predicted = theory.predicted_host_peak(r) if r.host_peak_rss_bytes and r.steps else None
+        predicted = theory.predicted_host_peak(r) if r.peaks.host_peak_rss_bytes and r.steps else None
         if predicted:
-            found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.host_peak_rss_bytes - 1
+            found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.peaks.host_peak_rss_bytes - 1
     assert len({run for run, _, _ in found}) == 18
     assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
 

@@ -191,10 +191,10 @@ def zero_config(stage):
 
 def gpu_rank(stage, world, peak, **settings):
     """A GPU rank's record that peaked at `peak` bytes (a whole number, as torch counts them)."""
-    r = record(**{**facts(stage, world), **settings}, peak_mem_bytes=round(peak), zero_config=zero_config(stage))
+    r = record(**{**facts(stage, world), **settings}, peak_mem_bytes=round(peak), zero_config=zero_config(stage),
+               predicted_model_state_bytes=4)
     r.steps = [parts.Step(step=1, loss=1.0, applied=True)]
     r.model_state_breakdown = parts.Census(params=1, grads=1, master=1, moments=1)
-    r.predicted_model_state_bytes = 4
     return r
 
 

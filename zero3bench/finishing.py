@@ -39,13 +39,12 @@ def add_predictions(r: RankResult, shape: ModelShape, zero: dict[str, Any]) -> N
     zero_optimization section as DeepSpeed read it."""
     run = r.run
     m = rank_memory(run, shape, counted(r, shape), zero, seat(r))
-    r.predicted_breakdown = m.breakdown
-    r.predicted_model_state_bytes, r.predicted_host_state_bytes = m.states, m.host_states
-    r.deepspeed_estimate = predict.deepspeed_estimate(run.stage, r.params_total, r.largest_param_elems,
-                                                      r.ranks_per_node, r.world_size // r.ranks_per_node,
-                                                      run.offload) if run.engine == "deepspeed" else None
-    r.activation_estimate_bytes, r.step_transient_bytes = m.activations, m.transient
-    r.predicted_peak_bytes = m.peak
+    estimate = None
+    if run.engine == "deepspeed":
+        estimate = predict.deepspeed_estimate(run.stage, r.params_total, r.largest_param_elems, r.ranks_per_node,
+                                              r.world_size // r.ranks_per_node, run.offload)
+    r.predicted = parts.Predicted(breakdown=m.breakdown, states=m.states, host_states=m.host_states, deepspeed=estimate,
+                                  activations=m.activations, transient=m.transient, peak=m.peak)
 
 
 def add_shares(r: RankResult) -> None:
@@ -68,10 +67,10 @@ def finish(r: RankResult, shape: ModelShape, zero: dict[str, Any], memory_now: p
     memory_now the memory snapshot at the end."""
     taken = [memory_now, *([r.memory_at_start] if r.memory_at_start else [])]
     snapshots: list[parts.MemorySnapshot | parts.Step] = [*taken, *r.steps]  # a step carries its snapshot's fields
-    r.peak_mem_bytes = most(s.peak_mem_bytes for s in snapshots)
-    r.peak_reserved_bytes = most(s.peak_reserved_bytes for s in snapshots)
-    r.host_peak_rss_bytes = most(s.host_peak_rss_bytes for s in snapshots)
-    r.device_total_bytes = memory_now.device_total_bytes
+    r.peaks = parts.MemorySnapshot(peak_mem_bytes=most(s.peak_mem_bytes for s in snapshots),
+                                   peak_reserved_bytes=most(s.peak_reserved_bytes for s in snapshots),
+                                   host_peak_rss_bytes=most(s.host_peak_rss_bytes for s in snapshots),
+                                   device_total_bytes=memory_now.device_total_bytes)
     if r.model_state_breakdown:
         add_predictions(r, shape, r.zero_config or zero)  # as DeepSpeed read it, where it did
         add_shares(r)

@@ -1,9 +1,9 @@
 """
-The measured parts of a rank's result that its RESULT line carries as records of their own, typed: where it ran
-(Environment), what it held by kind (Census), its memory at a moment (MemorySnapshot) and each training step
-(Step), with its collectives of each kind (Collectives). A log of an older version lacks some of their keys, and a
-CPU run records no driver and a smaller memory snapshot; a part writes back the keys it was made with, in their
-order, so that its record reads back as it was written.
+The parts of a rank's result, typed: where it ran (Environment), what it held by kind (Census), its memory at a moment
+(MemorySnapshot), what theory predicts of its memory (Predicted) and each training step (Step), with its collectives
+of each kind (Collectives). Its RESULT line carries most as records of their own, and some flat (result.FLAT). A log
+of an older version lacks some of their keys, and a CPU run records no driver and a smaller memory snapshot; a part
+writes back the keys it was made with, in their order, so that its record reads back as it was written.
 """
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
@@ -72,6 +72,19 @@ class MemorySnapshot(Part):
     peak_reserved_bytes: int | None = None  # the peak reserved by PyTorch's allocator
     host_peak_rss_bytes: int | None = None  # the process's peak resident set: the host memory that offload costs
     device_total_bytes: int | None = None  # the GPU's size
+
+
+@dataclass(frozen=True)
+class Predicted(Part):
+    """What theory predicts of a rank's memory (accounting.memory.rank_memory, from what the rank counted), against
+    which its measurement is judged. A log from before a term was recorded lacks it."""
+    breakdown: dict[str, float] | None = None  # the model states by kind (predict.KINDS), on the device and the host
+    states: float | None = None  # the model states on the device
+    host_states: float | None = None  # the model states in host memory (offload)
+    deepspeed: dict[str, float] | None = None  # DeepSpeed's own estimator: device and host_per_node; None off DeepSpeed
+    activations: float | None = None  # the activations when backward starts
+    transient: float | None = None  # what the optimizer step makes: its fp32 gradient copies
+    peak: float | None = None  # the rank's peak: what it holds throughout and the most of its moments
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,9 @@ def unmeasured_memory(dense: Results, zero3: Results) -> Optional[Memory]:
 def measured_memory(dense: Results, zero3: Results) -> Memory:
     """(b)'s figures of two runs that both counted their model states."""
     s0, s3 = most(r.model_state_bytes for r in dense), most(r.model_state_bytes for r in zero3)
-    ideal = most(r.predicted_model_state_bytes for r in dense) / most(r.predicted_model_state_bytes for r in zero3)
-    return Memory(states0=s0, states3=s3, peak0=most(r.peak_mem_bytes for r in dense),
-                  peak3=most(r.peak_mem_bytes for r in zero3), predicted_states_ratio=ideal,
+    ideal = most(r.predicted.states for r in dense) / most(r.predicted.states for r in zero3)
+    return Memory(states0=s0, states3=s3, peak0=most(r.peaks.peak_mem_bytes for r in dense),
+                  peak3=most(r.peaks.peak_mem_bytes for r in zero3), predicted_states_ratio=ideal,
                   states_ok=s3 <= MEMORY_SLACK * s0 / ideal, world=zero3[0].world_size,
                   on_gpu=zero3[0].mem_kind == "cuda")
 
