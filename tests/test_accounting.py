@@ -89,9 +89,8 @@ def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):
     return record(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
 
 
-def test_the_parts_a_rank_fills_in_are_named_for_fields_of_its_result():
-    for part in (t.Placement, measure.Shards):
-        assert {f.name for f in dataclasses.fields(part)} <= result.FIELDS
+def test_the_placement_a_rank_fills_in_is_named_for_fields_of_its_result():
+    assert {f.name for f in dataclasses.fields(t.Placement)} <= {f.name for f in dataclasses.fields(result.RankResult)}
 
 
 def test_a_part_named_for_no_field_of_the_result_fails_loudly():
@@ -100,6 +99,14 @@ def test_a_part_named_for_no_field_of_the_result_fails_loudly():
         gpu: int = 1
     with pytest.raises(AttributeError, match="Misspelt.gpu is no field of RankResult"):
         t.fill(record(), Misspelt())
+
+
+def test_a_key_that_the_line_carries_flat_is_no_field_to_fill():
+    @dataclasses.dataclass(frozen=True)
+    class Peak:
+        peak_mem_bytes: int = 1  # the line's key, held by r.peaks
+    with pytest.raises(AttributeError, match="Peak.peak_mem_bytes is no field of RankResult"):
+        t.fill(record(), Peak())
 
 
 def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
@@ -594,8 +601,8 @@ def test_fp16_at_stage_3_on_2_h200_ranks_peaks_at_its_overflow_check_within_1_pe
             finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
             shape = t.PRESETS[r.run.model]
             m = rank_memory(run(3, dtype="fp16", micro_batch=2, seq=r.run.seq, checkpoint=True), shape,
-                            dataclasses.replace(Counts.of_shape(shape), params=r.params_total,
-                                                shard=r.local_param_elems), r.zero_config, Seat(2))
+                            dataclasses.replace(Counts.of_shape(shape), params=r.shards.params_total,
+                                                shard=r.shards.local_param_elems), r.zero_config, Seat(2))
             assert m.held + m.overflow_check == m.peak
             assert r.predicted.peak / training_peak(r) == pytest.approx(1, abs=0.01)
 
@@ -702,7 +709,7 @@ def test_stage_3_reductions_in_backward_are_predicted_within_3_percent_of_the_tr
     lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
     shape = t.PRESETS[r.run.model]
-    m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.local_param_elems),
+    m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.shards.local_param_elems),
                     r.zero_config, Seat(r.world_size))
     assert abs((m.held + m.gathered + m.scatter) / 2**30 / traced - 1) < 0.03
 
@@ -754,8 +761,9 @@ def test_the_host_holds_the_offloaded_states_and_the_cpu_optimizers_fp32_gradien
     the host's figure uses). The processes' resident memory besides (the runtime, pinned staging, the CPU
     optimizer's temporaries) is not predicted."""
     for r in committed(path, run):
-        shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
-        m = rank_memory(r.run, None, Counts(r.params_total, shard=shard, persistent=r.persistent_elems), {},
+        c = r.shards
+        shard = predict.shard_elems(r.run.stage, c.params_total, c.local_param_elems, r.world_size)
+        m = rank_memory(r.run, None, Counts(c.params_total, shard=shard, persistent=c.persistent_elems), {},
                         Seat(r.world_size))
         host = r.host_state_breakdown
         assert m.host_states + m.host_buffers == pytest.approx(host.states + host.other, rel=0.01)

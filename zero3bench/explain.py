@@ -31,7 +31,7 @@ def estimator_gap(r: RankResult) -> list[str]:
             "has them)")
         adds.append(f"{18 - paper} bytes per partition element (18 where the paper counts {paper}){why}")
     if shards_params(r.run.stage):
-        adds.append(f"4 bytes per element of the largest layer ({r.largest_param_elems:,} elements)")
+        adds.append(f"4 bytes per element of the largest layer ({r.shards.largest_param_elems:,} elements)")
     return [f"DeepSpeed's estimator: {size(estimate['device'])} against {size(r.model_state_bytes)} "
             f"measured: " + ("it adds " + " and ".join(adds) if adds else "no known cause")]
 

@@ -28,20 +28,21 @@ def seat(r: RankResult) -> Seat:
 
 def counted(r: RankResult, shape: ModelShape) -> Counts:
     """What the rank counted of the model's parameters: the shape's blocks, its own partition and largest tensor."""
-    shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
-    return Counts(r.params_total, r.largest_param_elems, shape.block_params, shape.root_params, shard,
-                  r.persistent_elems)
+    c = r.shards
+    shard = predict.shard_elems(r.run.stage, c.params_total, c.local_param_elems, r.world_size)
+    return Counts(c.params_total, c.largest_param_elems, shape.block_params, shape.root_params, shard,
+                  c.persistent_elems)
 
 
 def add_predictions(r: RankResult, shape: ModelShape, zero: dict[str, Any]) -> None:
     """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
     optimizer step's fp32 gradients and the peak, against which the measurement is judged; zero is the
     zero_optimization section as DeepSpeed read it."""
-    run = r.run
+    run, c = r.run, r.shards
     m = rank_memory(run, shape, counted(r, shape), zero, seat(r))
     estimate = None
     if run.engine == "deepspeed":
-        estimate = predict.deepspeed_estimate(run.stage, r.params_total, r.largest_param_elems, r.ranks_per_node,
+        estimate = predict.deepspeed_estimate(run.stage, c.params_total, c.largest_param_elems, r.ranks_per_node,
                                               r.world_size // r.ranks_per_node, run.offload)
     r.predicted = parts.Predicted(breakdown=m.breakdown, states=m.states, host_states=m.host_states, deepspeed=estimate,
                                   activations=m.activations, transient=m.transient, peak=m.peak)
@@ -50,13 +51,13 @@ def add_predictions(r: RankResult, shape: ModelShape, zero: dict[str, Any]) -> N
 def add_shares(r: RankResult) -> None:
     """What this rank holds of each kind of model state against what its stage promises: the paper's shares, where
     the prediction also holds what DeepSpeed keeps beyond them."""
-    run = r.run
-    whole = predict.model_states(run.stage, run.dtype, r.params_total, r.params_total, engine=run.engine)
-    shard = predict.shard_elems(run.stage, r.params_total, r.local_param_elems, r.world_size)
-    paper = predict.model_states(run.stage, run.dtype, r.params_total, shard, r.persistent_elems, run.engine)
+    run, c = r.run, r.shards
+    whole = predict.model_states(run.stage, run.dtype, c.params_total, c.params_total, engine=run.engine)
+    shard = predict.shard_elems(run.stage, c.params_total, c.local_param_elems, r.world_size)
+    paper = predict.model_states(run.stage, run.dtype, c.params_total, shard, c.persistent_elems, run.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
     r.promised_fraction = predict.shares(paper, whole)
-    straddling = 2 * r.largest_param_elems / r.params_total
+    straddling = 2 * c.largest_param_elems / c.params_total
     r.partition_check_ok = predict.holds_as_promised(r.held_fraction, r.promised_fraction, r.run.stage, straddling,
                                                      PARTITION_TOLERANCE)
 

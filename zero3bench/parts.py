@@ -1,9 +1,10 @@
 """
 The parts of a rank's result, typed: where it ran (Environment), what it held by kind (Census), its memory at a moment
-(MemorySnapshot), what theory predicts of its memory (Predicted) and each training step (Step), with its collectives
-of each kind (Collectives). Its RESULT line carries most as records of their own, and some flat (result.FLAT). A log
-of an older version lacks some of their keys, and a CPU run records no driver and a smaller memory snapshot; a part
-writes back the keys it was made with, in their order, so that its record reads back as it was written.
+(MemorySnapshot), what it partitioned (Shards), what theory predicts of its memory (Predicted) and each training step
+(Step), with its collectives of each kind (Collectives). Its RESULT line carries most as records of their own, and
+some flat (result.FLAT). A log of an older version lacks some of their keys, and a CPU run records no driver and a
+smaller memory snapshot; a part writes back the keys it was made with, in their order, so that its record reads back
+as it was written.
 """
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
@@ -72,6 +73,20 @@ class MemorySnapshot(Part):
     peak_reserved_bytes: int | None = None  # the peak reserved by PyTorch's allocator
     host_peak_rss_bytes: int | None = None  # the process's peak resident set: the host memory that offload costs
     device_total_bytes: int | None = None  # the GPU's size
+
+
+@dataclass(frozen=True)
+class Shards(Part):
+    """What ZeRO-3 or FSDP2 partitioned on one rank (accounting.measure.shard_report); None where the rank failed
+    before it counted."""
+    param_tensors: int | None = None  # the model's parameter tensors
+    partitioned_tensors: int | None = None  # those split across the ranks
+    persistent_tensors: int | None = None  # those of them that stage 3 also keeps whole (ds_persist)
+    params_total: int | None = None  # the model's parameter elements
+    local_param_elems: int | None = None  # this rank's: its shards, with padding, and the tensors it holds whole
+    persistent_elems: int | None = None  # the persistent tensors' elements
+    largest_param_elems: int | None = None  # the largest tensor's
+    shard_check_ok: bool | None = None  # whether every shard has the size that ZeRO-3 or FSDP2 gives it
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ def kinds_text(census: parts.Census) -> str:
 
 
 def partition_lines(tag: str, r: RankResult) -> list[str]:
-    return [f"{tag} - total param tensors: {r.param_tensors}, sharded param tensors: {r.partitioned_tensors}, "
-            f"persistent: {r.persistent_tensors}, local elements: {r.local_param_elems:,} of "
-            f"{r.params_total:,}, shard sizes: {'ok' if r.shard_check_ok else 'WRONG'}"]
+    c = r.shards
+    return [f"{tag} - total param tensors: {c.param_tensors}, sharded param tensors: {c.partitioned_tensors}, "
+            f"persistent: {c.persistent_tensors}, local elements: {c.local_param_elems:,} of "
+            f"{c.params_total:,}, shard sizes: {'ok' if c.shard_check_ok else 'WRONG'}"]
 
 
 def memory_lines(tag: str, r: RankResult) -> list[str]:
@@ -58,7 +59,7 @@ def memory_lines(tag: str, r: RankResult) -> list[str]:
 def human_lines(r: RankResult) -> list[str]:
     """What one rank holds, in words; a rank that failed early has fewer figures."""
     tag = f"[Stage {r.run.stage}] Rank {r.rank}"
-    lines = partition_lines(tag, r) if r.param_tensors is not None else []
+    lines = partition_lines(tag, r) if r.shards.param_tensors is not None else []
     lines += memory_lines(tag, r) if r.model_state_bytes is not None else []
     if r.rank == 0 and r.losses:
         lines.append(f"[Stage {r.run.stage}] first-step loss: {r.first_loss:.4f}; losses: "
@@ -95,8 +96,8 @@ def rank_table(results: list[RankResult]) -> str:
                                        "other tensors", "peak", "status")]
     for r in results:
         measured, predicted = r.model_state_bytes, r.predicted.states
-        rows.append((r.rank, f"{fmt(r.partitioned_tensors, 'd')}/{fmt(r.param_tensors, 'd')}",
-                     fmt(r.local_param_elems, ","), fmt(measured or None, "bytes"),
+        rows.append((r.rank, f"{fmt(r.shards.partitioned_tensors, 'd')}/{fmt(r.shards.param_tensors, 'd')}",
+                     fmt(r.shards.local_param_elems, ","), fmt(measured or None, "bytes"),
                      fmt(predicted or None, "bytes"), fmt(relative_error(measured, predicted), "+.1%"),
                      fmt(other_bytes([r]), "bytes"), fmt(r.peaks.peak_mem_bytes or None, "bytes"),
                      "OOM" if r.oom else "error" if r.error else "ok"))

@@ -50,15 +50,8 @@ class RankResult:
     deepcompile_active: bool | None = None  # whether DeepSpeed says DeepCompile compiled the run; None: cannot say
     memory_at_start: parts.MemorySnapshot | None = None  # the memory snapshot once the engine is ready
     zero_config: dict | None = None  # the zero_optimization section as DeepSpeed read it (compat.zero_config)
-    # partitioning (accounting.measure.shard_report)
-    param_tensors: int | None = None
-    partitioned_tensors: int | None = None
-    persistent_tensors: int | None = None
-    params_total: int | None = None
-    local_param_elems: int | None = None
-    persistent_elems: int | None = None
-    largest_param_elems: int | None = None
-    shard_check_ok: bool | None = None
+    # partitioning
+    shards: parts.Shards = field(default_factory=parts.Shards)  # what it partitioned (accounting.measure.shard_report)
     weights_checksum: float | None = None
     trained_checksum: float | None = None  # the weights checksum after the same rows' steps (options.SAME_ROWS_STEPS)
     gathered_tensors: int | None = None
@@ -163,7 +156,7 @@ class RankResult:
         """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
         the gradients, 3 for stage 3."""
         last = self.counted_comm()
-        return traffic.volume(last, self.params_total) if last and self.params_total else None
+        return traffic.volume(last, self.shards.params_total) if last and self.shards.params_total else None
 
     @property
     def paper_comm_volume(self) -> int:
@@ -224,6 +217,7 @@ FIGURES = [name for name, value in vars(RankResult).items() if isinstance(value,
 # The fields that hold a part which the RESULT line carries flat, as a step carries its snapshot: the line's key
 # for each of the part's fields that it carries, in the line's order
 FLAT: dict[str, dict[str, str]] = {
+    "shards": {f.name: f.name for f in fields(parts.Shards) if f.name != "recorded"},
     "predicted": {"breakdown": "predicted_breakdown", "states": "predicted_model_state_bytes",
                   "host_states": "predicted_host_state_bytes", "deepspeed": "deepspeed_estimate",
                   "activations": "activation_estimate_bytes", "transient": "step_transient_bytes",

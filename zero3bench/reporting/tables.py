@@ -71,9 +71,9 @@ class Row:
 
 COMPARISON = [
     Row("ranks", "ranks", lambda rs: first(rs).world_size, "d"),
-    Row("partitioned_tensors", "partitioned tensors", lambda rs: most(r.partitioned_tensors for r in rs), "d"),
-    Row("param_tensors", "param tensors", lambda rs: most(r.param_tensors for r in rs), "d"),
-    Row("local_params", "local params", lambda rs: most(r.local_param_elems for r in rs), ",", SMALLER),
+    Row("partitioned_tensors", "partitioned tensors", lambda rs: most(r.shards.partitioned_tensors for r in rs), "d"),
+    Row("param_tensors", "param tensors", lambda rs: most(r.shards.param_tensors for r in rs), "d"),
+    Row("local_params", "local params", lambda rs: most(r.shards.local_param_elems for r in rs), ",", SMALLER),
     Row("model_states", "model states", lambda rs: most(r.model_state_bytes for r in rs), "bytes", SMALLER),
     Row("model_states_predicted", "  predicted", lambda rs: most(r.predicted.states for r in rs), "bytes",
         SMALLER),
