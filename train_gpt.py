@@ -112,7 +112,7 @@ def train(engine, run, tokens, device, r):
         s = parts.Step.made(  # its RESULT record carries the keys of this device's memory snapshot alone
             step=step, loss=loss / r.world_size, lr=engine.get_lr()[0], applied=engine.was_step_applied(),
             loss_scale=machine.loss_scale(engine) if run.dtype == "fp16" else None,
-            time_s=elapsed, **measure.memory_snapshot(device).as_dict(), **comm)
+            time_s=elapsed, memory=measure.memory_snapshot(device), **comm)
         r.steps.append(s)
         if s.applied and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
             r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device)  # what (c) compares

@@ -474,7 +474,7 @@ def training_peak(r):
     """The most allocated in any step. The record's peak_mem_bytes also covers what ran after the last step:
     in these runs the trained weights' checksum, which on FSDP2 built an autograd graph of 8 bytes a weight
     (24.91 GiB against 20.12 in training at micro batch 2), since run under no_grad."""
-    return max(s.peak_mem_bytes for s in r.steps)
+    return max(s.memory.peak_mem_bytes for s in r.steps)
 
 
 def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_records_its_config():

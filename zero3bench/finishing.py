@@ -67,7 +67,7 @@ def finish(r: RankResult, shape: ModelShape, zero: dict[str, Any], memory_now: p
     predictions and shares they are judged against. zero is the config's zero_optimization section;
     memory_now the memory snapshot at the end."""
     taken = [memory_now, *([r.memory_at_start] if r.memory_at_start else [])]
-    snapshots: list[parts.MemorySnapshot | parts.Step] = [*taken, *r.steps]  # a step carries its snapshot's fields
+    snapshots = [*taken, *(s.memory for s in r.steps if s.memory)]
     r.peaks = parts.MemorySnapshot(peak_mem_bytes=most(s.peak_mem_bytes for s in snapshots),
                                    peak_reserved_bytes=most(s.peak_reserved_bytes for s in snapshots),
                                    host_peak_rss_bytes=most(s.host_peak_rss_bytes for s in snapshots),

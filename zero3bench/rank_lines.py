@@ -16,7 +16,7 @@ def step_line(r: RankResult, s: parts.Step) -> str:
     scale = f"  loss scale {s.loss_scale:g}{skipped}" if s.loss_scale is not None else skipped
     hfu = r.hfu_at(s.time_s)
     return (f"step {s.step}/{r.run.steps_planned}  loss {s.loss:.4f}  lr {s.lr:.2e}  time {s.time_s:.3f}s  "
-            f"mem {gib(s.peak_mem_bytes):.2f} GiB  tok/s {r.tokens_per_step() / s.time_s:,.0f}  "
+            f"mem {gib(s.memory.peak_mem_bytes):.2f} GiB  tok/s {r.tokens_per_step() / s.time_s:,.0f}  "
             f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}"
             f"{f'  hfu {pct(hfu)}' if hfu else ''}{scale}")
 

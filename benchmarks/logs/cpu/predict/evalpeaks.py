@@ -15,7 +15,7 @@ out = {}
 for summary, r in records(LOGS):
     if not predictable(r): continue
     result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config or {})
-    peak = max(s.peak_mem_bytes for s in r.steps)
+    peak = max(s.memory.peak_mem_bytes for s in r.steps)
     out[f"{summary.relative_to(LOGS)}|{r.run.run_label if hasattr(r.run,'run_label') else ''}|{r.rank}|s{r.run.stage}|G{r.world_size}|{r.run.model}|mb{r.run.micro_batch}|ck{r.run.checkpoint}|{r.run.dtype}|{r.run.engine}|{r.run.offload}"] = r.predicted.peak / peak - 1
 for log in sorted((LOGS/'h200'/'29-live').glob("*/timeline_*.txt")) + sorted((LOGS/'h200'/'35-trace').glob("timeline_*.txt")):
     tag = log.stem.removeprefix("timeline_")
