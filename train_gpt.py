@@ -112,7 +112,7 @@ def train(engine, run, tokens, device, r):
         s = parts.Step.made(  # its RESULT record carries the keys of this device's memory snapshot alone
             step=step, loss=loss / r.world_size, lr=engine.get_lr()[0], applied=engine.was_step_applied(),
             loss_scale=machine.loss_scale(engine) if run.dtype == "fp16" else None,
-            time_s=elapsed, **measure.memory_snapshot(device).as_dict(), **comm)
+            time_s=elapsed, memory=measure.memory_snapshot(device), **comm)
         r.steps.append(s)
         if s.applied and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
             r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device)  # what (c) compares
@@ -242,10 +242,10 @@ def build_engine(model, run, config):
 
 
 def fill(r: result.RankResult, part: Any) -> None:
-    """r's fields from a dataclass of some of them (Placement, measure.Shards). A name that is no field of r fails
-    here: set as a new attribute, it would leave the RESULT line without a word."""
+    """r's fields from a dataclass of some of them (Placement). A name that is no field of r fails here: set as a
+    new attribute, it would leave the RESULT line without a word."""
     for f in fields(part):
-        if f.name not in result.FIELDS:
+        if f.name not in {own.name for own in fields(r)}:
             raise AttributeError(f"{type(part).__name__}.{f.name} is no field of RankResult")
         setattr(r, f.name, getattr(part, f.name))
 
@@ -283,10 +283,10 @@ def build_and_train(run, config, tokens, r, device):
     r.zero_config = compat.zero_config(engine)
     r.memory_at_start = measure.memory_snapshot(device)
     log(r.rank, f"ready to train; optimizer {r.optimizer}{machine.unscaled_fp16_backward(engine)}")
-    fill(r, measure.shard_report(engine.module, r.world_size))
+    r.shards = measure.shard_report(engine.module, r.world_size)
     r.weights_checksum = measure.weights_checksum(engine.module, r.rank, device)
-    log(r.rank, f"{r.params_total:,} parameters in {r.param_tensors} tensors")
-    r.flops_per_token = engine.module.flops_per_token(r.params_total, run.seq)
+    log(r.rank, f"{r.shards.params_total:,} parameters in {r.shards.param_tensors} tensors")
+    r.flops_per_token = engine.module.flops_per_token(r.shards.params_total, run.seq)
     r.peak_tflops = machine.peak_tflops(device, run.dtype)
     r.timing["engine_ready"] = time.time()
     train(engine, run, tokens, device, r)

@@ -19,7 +19,8 @@ def rows(top):
             d, z = dense[0], zero3[0]
             if d.mem_kind != "cuda" or not (d.zero_config and z.zero_config):
                 continue  # CPU peaks are not judged; logs before zero_config was recorded predict other buckets
-            measured = reading.most(r.peak_mem_bytes for r in dense) / reading.most(r.peak_mem_bytes for r in zero3)
+            measured = (reading.most(r.peaks.peak_mem_bytes for r in dense)
+                        / reading.most(r.peaks.peak_mem_bytes for r in zero3))
             predicted = theory.predicted_peak(d) / theory.predicted_peak(z)
             run = d.run
             yield (f"{folder}  {run.model} {run.dtype} mb{run.micro_batch} ckpt={run.checkpoint} {world} ranks  "

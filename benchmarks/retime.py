@@ -26,7 +26,7 @@ def main(logs):
         print(json.dumps({"log": log, "timed_from": r.timed_from, "step_time_s": round(r.step_time_s, 4),
                           "tokens_per_s": round(r.tokens_per_s),
                           "x_first": round(r.tokens_per_s / runs[0].tokens_per_s, 3),
-                          "peak_gib": round(r.peak_mem_bytes / 2**30, 2), "compile_steps_s": compiles,
+                          "peak_gib": round(r.peaks.peak_mem_bytes / 2**30, 2), "compile_steps_s": compiles,
                           "losses": [round(x, 4) for x in r.losses]}))
 
 

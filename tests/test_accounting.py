@@ -89,9 +89,8 @@ def rank(stage, world=G, offload=None, other=0, mem_kind="cuda", **figures):
     return record(**facts(stage, world, offload, mem_kind), **{**counts, **figures})
 
 
-def test_the_parts_a_rank_fills_in_are_named_for_fields_of_its_result():
-    for part in (t.Placement, measure.Shards):
-        assert {f.name for f in dataclasses.fields(part)} <= result.FIELDS
+def test_the_placement_a_rank_fills_in_is_named_for_fields_of_its_result():
+    assert {f.name for f in dataclasses.fields(t.Placement)} <= {f.name for f in dataclasses.fields(result.RankResult)}
 
 
 def test_a_part_named_for_no_field_of_the_result_fails_loudly():
@@ -100,6 +99,14 @@ def test_a_part_named_for_no_field_of_the_result_fails_loudly():
         gpu: int = 1
     with pytest.raises(AttributeError, match="Misspelt.gpu is no field of RankResult"):
         t.fill(record(), Misspelt())
+
+
+def test_a_key_that_the_line_carries_flat_is_no_field_to_fill():
+    @dataclasses.dataclass(frozen=True)
+    class Peak:
+        peak_mem_bytes: int = 1  # the line's key, held by r.peaks
+    with pytest.raises(AttributeError, match="Peak.peak_mem_bytes is no field of RankResult"):
+        t.fill(record(), Peak())
 
 
 def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
@@ -111,23 +118,23 @@ def predicted(r, checkpoint=False, prefetch=0, sub_group=1e9):
 
 def test_on_a_gpu_an_offloaded_optimizer_is_predicted_in_host_memory():
     r = predicted(rank(3, offload={"optimizer": "cpu", "param": None}))
-    assert r.predicted_model_state_bytes == 2 * (PSI // G)  # the bf16 shards of the weights
-    assert r.predicted_host_state_bytes == (2 + 4 + 8) * (PSI // G)
-    assert r.step_transient_bytes == 0  # the step runs on the host
+    assert r.predicted.states == 2 * (PSI // G)  # the bf16 shards of the weights
+    assert r.predicted.host_states == (2 + 4 + 8) * (PSI // G)
+    assert r.predicted.transient == 0  # the step runs on the host
 
 
 def test_without_gpus_device_and_host_are_one_memory():
     r = predicted(rank(3, offload={"optimizer": "cpu", "param": "cpu"}, mem_kind="cpu_rss"))
-    assert r.predicted_host_state_bytes == 0
-    assert r.predicted_model_state_bytes == 16 * (PSI // G)
+    assert r.predicted.host_states == 0
+    assert r.predicted.states == 16 * (PSI // G)
 
 
 def test_stage_0_counts_its_gradients_at_backwards_end_and_at_the_step_not_at_its_start():
     r = predicted(rank(0, world=1, other=123))  # the census's other tensors are predicted, not read back
     last_block = predict.block_activation_bytes(t.PRESETS["1.3b"], 2, 2048, 1024, True)
-    assert r.step_transient_bytes == 4 * PSI
-    assert r.predicted_peak_bytes == 14 * PSI + predict.WORKSPACE_BYTES + max(
-        r.activation_estimate_bytes, 2 * PSI + last_block, 2 * PSI + 4 * PSI)
+    assert r.predicted.transient == 4 * PSI
+    assert r.predicted.peak == 14 * PSI + predict.WORKSPACE_BYTES + max(
+        r.predicted.activations, 2 * PSI + last_block, 2 * PSI + 4 * PSI)
 
 
 def test_stage_3_keeps_its_gradient_buffer_and_its_bucket_throughout():
@@ -135,7 +142,7 @@ def test_stage_3_keeps_its_gradient_buffer_and_its_bucket_throughout():
     m = rank_memory(run(3), None, Counts(PSI, shard=PSI // G), {"reduce_bucket_size": 1000}, Seat(G))
     assert m.freed_grads == 0 and m.buffers == 2 * 1000
     assert m.held == 16 * (PSI // G) + 2 * 1000 + predict.WORKSPACE_BYTES
-    assert r.predicted_model_state_bytes == 16 * (PSI // G)
+    assert r.predicted.states == 16 * (PSI // G)
 
 
 def test_one_deepspeed_rank_gathers_nothing_and_fsdp2_casts_its_weights_even_alone():
@@ -147,8 +154,8 @@ def test_one_deepspeed_rank_gathers_nothing_and_fsdp2_casts_its_weights_even_alo
 
 def test_stage_3_makes_the_fp32_gradients_one_sub_group_at_a_time():
     # a sub-group closes at the parameter that reaches sub_group_size: the largest (PSI // 10) may overrun it
-    assert predicted(rank(3), sub_group=1e9).step_transient_bytes == 4 * (PSI // G)
-    assert predicted(rank(3), sub_group=1000).step_transient_bytes == 4 * (1000 + PSI // 10 // G)
+    assert predicted(rank(3), sub_group=1e9).predicted.transient == 4 * (PSI // G)
+    assert predicted(rank(3), sub_group=1000).predicted.transient == 4 * (1000 + PSI // 10 // G)
 
 
 def test_without_checkpointing_stage_3_on_several_ranks_keeps_every_blocks_weights_for_backward():
@@ -267,20 +274,18 @@ def test_partition_check_holds_each_stage_to_its_promise(stage, shares, ok):
 
 def test_with_parameters_offloaded_the_persistent_ones_are_predicted_on_the_gpu():
     r = predicted(rank(3, offload={"optimizer": "cpu", "param": "cpu"}, persistent_elems=1000))
-    assert r.predicted_model_state_bytes == 2 * 1000
-    assert r.predicted_host_state_bytes == sum(r.predicted_breakdown.values()) - 2 * 1000
+    assert r.predicted.states == 2 * 1000
+    assert r.predicted.host_states == sum(r.predicted.breakdown.values()) - 2 * 1000
 
 
 def test_differences_name_the_kind_and_its_cause():
-    r = rank(3, mem_kind="cpu_rss", deepspeed_estimate=None)
-    r.predicted_breakdown = states(3)
+    r = rank(3, mem_kind="cpu_rss", deepspeed_estimate=None, predicted_breakdown=states(3))
     [line] = explain.differences(r, held(3, 0.5, 0.25, 0.25))
     assert line.startswith("model states: params +") and "still gathered after backward" in line
 
 
 def test_a_difference_without_a_known_cause_says_so():
-    r = rank(1, mem_kind="cpu_rss", deepspeed_estimate=None)
-    r.predicted_breakdown = states(1)
+    r = rank(1, mem_kind="cpu_rss", deepspeed_estimate=None, predicted_breakdown=states(1))
     [line] = explain.differences(r, held(1, 1.0, 0.3, 0.25))
     assert line.startswith("model states: grads -") and line.endswith("no known cause")
 
@@ -327,9 +332,8 @@ def test_the_groups_padding_to_an_even_partition_falls_in_the_last_one():
 
 def test_differences_explain_a_gpu_peak_far_from_its_estimate():
     r = rank(3, peak_mem_bytes=3 * 2**30, predicted_peak_bytes=2**30, activation_estimate_bytes=2**29,
-             step_transient_bytes=2**28, deepspeed_estimate=None)
-    r.predicted_breakdown = states(3)
-    [line] = explain.differences(r, r.predicted_breakdown)
+             step_transient_bytes=2**28, deepspeed_estimate=None, predicted_breakdown=states(3))
+    [line] = explain.differences(r, r.predicted.breakdown)
     assert line.startswith("peak: 3.00 GiB measured against 1.00 GiB estimated")
     assert "stage3_max_live_parameters" not in line  # a record without its zero section: its cap is unknown
 
@@ -338,9 +342,9 @@ def test_differences_explain_a_gpu_peak_far_from_its_estimate():
 def test_a_stage_3_peak_above_its_estimate_names_a_prefetch_cap_above_the_estimates_bucket(live, named):
     r = rank(3, peak_mem_bytes=3 * 2**30, predicted_peak_bytes=2**30, activation_estimate_bytes=2**29,
              step_transient_bytes=2**28, deepspeed_estimate=None,
-             zero_config={"stage3_max_live_parameters": live, "stage3_prefetch_bucket_size": 5e7})
-    r.predicted_breakdown = states(3)
-    [line] = explain.differences(r, r.predicted_breakdown)
+             zero_config={"stage3_max_live_parameters": live, "stage3_prefetch_bucket_size": 5e7},
+             predicted_breakdown=states(3))
+    [line] = explain.differences(r, r.predicted.breakdown)
     assert ("stage3_max_live_parameters (1e+09) lets the prefetch gather" in line) is named
 
 
@@ -383,7 +387,7 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
     r = record(**facts(0, world=1), steps=steps, memory_at_start=start)
     finishing.finish(r, t.PRESETS["1.3b"], {}, parts.MemorySnapshot(peak_mem_bytes=0))
-    assert (r.peak_mem_bytes, r.peak_reserved_bytes, r.host_peak_rss_bytes) == (30, 100, 90)
+    assert (r.peaks.peak_mem_bytes, r.peaks.peak_reserved_bytes, r.peaks.host_peak_rss_bytes) == (30, 100, 90)
 
 
 def test_a_cpu_ranks_memory_snapshot_records_its_peak_resident_set_alone():
@@ -434,10 +438,13 @@ def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
 LOGS = stages.ROOT / "benchmarks" / "logs"
 PEAK_RUNS = LOGS / "h200" / "24-peaks" / "results"
 PEAK_TOLERANCE = 0.05
-# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss: none since the
+# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss. Since the
 # output layer's backward was measured (benchmarks/logs/h200/30-steady/1-probe), where the 350m model offloaded on
-# one rank had been +5.4%.
-PEAK_MISSES: dict[str, float] = {}
+# one rank had been +5.4%, only parameter offload (ds_config_stage3_infinity.json), whose GPU buffers are not
+# modelled (issue 47, item 2): 2.49 GiB measured against 1.31 at micro batch 2, 5.65 against 4.98 at 16.
+PEAK_MISSES: dict[str, float] = {
+    "h200/36-step-time/1-default-mb2/results/20261203-125222-92vQ/summary.json stage3 G1 mb2 ck1": -0.473,
+    "h200/36-step-time/2-mb16/results/20261203-125629-37UC/summary.json stage3 G1 mb16 ck1": -0.12}
 
 
 def run_name(r):
@@ -470,7 +477,7 @@ def training_peak(r):
     """The most allocated in any step. The record's peak_mem_bytes also covers what ran after the last step:
     in these runs the trained weights' checksum, which on FSDP2 built an autograd graph of 8 bytes a weight
     (24.91 GiB against 20.12 in training at micro batch 2), since run under no_grad."""
-    return max(s.peak_mem_bytes for s in r.steps)
+    return max(s.memory.peak_mem_bytes for s in r.steps)
 
 
 def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_records_its_config():
@@ -484,20 +491,21 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     (stage 0 on one rank, 10 and 30 steps; its timelines write no summary.json, as they reset the peak at each
     event), and 32-s12 (stages 1 and 2 on 350m at 2 ranks in fp32, 3 and 8, on 2.7b at 4, in fp16, without
     checkpointing), 33-suite (the test suite's GPU launches) and 34-s1 (stage 1 on 1.3b in fp32 at 4 ranks, 760m at 6,
-    125m in fp32 at 5, 350m at 8, predicted before they ran): the workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak,
+    125m in fp32 at 5, 350m at 8, predicted before they ran) and 36-step-time (stages 0 to 3 and offload at world 1, micro
+    batch 2 and 16, and the default, run after this test was written): the workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak,
     hold it too."""
     misses, covered = {}, set()
     for summary, r in records(LOGS):
         if not predictable(r):
             continue
         finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
-        miss = r.predicted_peak_bytes / training_peak(r) - 1
+        miss = r.predicted.peak / training_peak(r) - 1
         covered.add((summary.relative_to(LOGS).parts[1], r.run.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
     assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default",
                                                     "27-suite-matrix", "28-suite-matrix", "29-live", "30-steady", "31-suite",
-                                                    "32-s12", "33-suite", "34-s1"}
+                                                    "32-s12", "33-suite", "34-s1", "36-step-time"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
@@ -529,13 +537,13 @@ def test_the_predicted_model_states_are_within_1_percent_of_every_committed_run_
         if not (r.model_state_breakdown and r.steps and not r.oom and (r.zero_config or r.run.engine == "fsdp2")):
             continue
         finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
-        miss = r.predicted_model_state_bytes / r.model_state_bytes - 1
+        miss = r.predicted.states / r.model_state_bytes - 1
         if version(r.env.deepspeed) < version(OLDEST_DEEPSPEED):
             old.update({(r.env.deepspeed, f"{r.run.model} {run_name(r)}"): round(miss, 3)} if abs(miss) > 0.01 else {})
             continue
         if r.host_state_breakdown and r.mem_kind == "cuda":
             hosts += 1
-            miss = max(miss, r.predicted_host_state_bytes / r.host_state_bytes - 1, key=abs)
+            miss = max(miss, r.predicted.host_states / r.host_state_bytes - 1, key=abs)
         if abs(miss) > STATE_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} rank {r.rank} {r.run.model} {run_name(r)}"] = round(miss, 4)
     assert misses == {} and old == OLD_STATE_MISSES and hosts >= 10
@@ -548,7 +556,7 @@ def test_the_8_rank_stage_0_rehearsal_that_ran_out_of_memory_was_predicted_not_t
     shape = t.PRESETS[r.run.model]
     peak = rank_memory(dataclasses.replace(r.run, stage=0, offload={}), shape, Counts.of_shape(shape), {},
                        Seat(r.world_size)).peak
-    assert r.ranks_per_gpu * peak > r.device_total_bytes
+    assert r.ranks_per_gpu * peak > r.peaks.device_total_bytes
 
 
 def test_runs_made_with_rank_memory_record_a_predicted_peak_within_5_percent_of_their_own():
@@ -556,8 +564,8 @@ def test_runs_made_with_rank_memory_record_a_predicted_peak_within_5_percent_of_
                for summary in sorted((PEAK_RUNS.parent / "rank-memory" / "results").glob("*/summary.json"))
                for rs in json.loads(summary.read_text())["results"].values() for d in rs]
     assert len({run_name(r) for r in records}) == 14  # 3 setups x 2 micro batches x checkpointing, and G 4
-    assert {run_name(r): round(r.predicted_peak_bytes / r.peak_mem_bytes - 1, 3) for r in records
-            if abs(r.predicted_peak_bytes / r.peak_mem_bytes - 1) > PEAK_TOLERANCE} == {}
+    assert {run_name(r): round(r.predicted.peak / r.peaks.peak_mem_bytes - 1, 3) for r in records
+            if abs(r.predicted.peak / r.peaks.peak_mem_bytes - 1) > PEAK_TOLERANCE} == {}
 
 
 # -----------------------------------------------------------------------------
@@ -597,10 +605,10 @@ def test_fp16_at_stage_3_on_2_h200_ranks_peaks_at_its_overflow_check_within_1_pe
             finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
             shape = t.PRESETS[r.run.model]
             m = rank_memory(run(3, dtype="fp16", micro_batch=2, seq=r.run.seq, checkpoint=True), shape,
-                            dataclasses.replace(Counts.of_shape(shape), params=r.params_total,
-                                                shard=r.local_param_elems), r.zero_config, Seat(2))
+                            dataclasses.replace(Counts.of_shape(shape), params=r.shards.params_total,
+                                                shard=r.shards.local_param_elems), r.zero_config, Seat(2))
             assert m.held + m.overflow_check == m.peak
-            assert r.predicted_peak_bytes / training_peak(r) == pytest.approx(1, abs=0.01)
+            assert r.predicted.peak / training_peak(r) == pytest.approx(1, abs=0.01)
 
 
 def test_stage_3_offloading_its_optimizer_peaks_with_the_embeddings_gradient_on_its_way_to_the_host():
@@ -683,8 +691,8 @@ def test_the_stage_3_timelines_peak_within_5_percent_of_the_prediction_at_every_
             continue
         peak = float(summary.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
         finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
-        if abs(r.predicted_peak_bytes / peak - 1) > PEAK_TOLERANCE:
-            misses[tag] = round(r.predicted_peak_bytes / peak - 1, 3)
+        if abs(r.predicted.peak / peak - 1) > PEAK_TOLERANCE:
+            misses[tag] = round(r.predicted.peak / peak - 1, 3)
     assert misses == LIVE_MISSES
 
 
@@ -705,7 +713,7 @@ def test_stage_3_reductions_in_backward_are_predicted_within_3_percent_of_the_tr
     lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
     shape = t.PRESETS[r.run.model]
-    m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.local_param_elems),
+    m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.shards.local_param_elems),
                     r.zero_config, Seat(r.world_size))
     assert abs((m.held + m.gathered + m.scatter) / 2**30 / traced - 1) < 0.03
 
@@ -719,7 +727,7 @@ def miss_with_todays_config(r):
     """The prediction's miss of a run without a recorded config, with its stage's config as it is today."""
     zero = json.loads(stages.config_path(r.run.stage).read_text())["zero_optimization"]
     finishing.add_predictions(r, t.PRESETS[r.run.model], zero)
-    return r.predicted_peak_bytes / training_peak(r) - 1
+    return r.predicted.peak / training_peak(r) - 1
 
 
 def test_stage_0_in_fp32_peaks_at_the_all_reduces_flat_copy_within_1_percent_on_2_h200s():
@@ -757,8 +765,9 @@ def test_the_host_holds_the_offloaded_states_and_the_cpu_optimizers_fp32_gradien
     the host's figure uses). The processes' resident memory besides (the runtime, pinned staging, the CPU
     optimizer's temporaries) is not predicted."""
     for r in committed(path, run):
-        shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
-        m = rank_memory(r.run, None, Counts(r.params_total, shard=shard, persistent=r.persistent_elems), {},
+        c = r.shards
+        shard = predict.shard_elems(r.run.stage, c.params_total, c.local_param_elems, r.world_size)
+        m = rank_memory(r.run, None, Counts(c.params_total, shard=shard, persistent=c.persistent_elems), {},
                         Seat(r.world_size))
         host = r.host_state_breakdown
         assert m.host_states + m.host_buffers == pytest.approx(host.states + host.other, rel=0.01)
@@ -800,7 +809,8 @@ def test_only_stage_3_with_its_optimizer_on_the_cpu_has_a_predicted_host_peak():
 
 
 def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its_prediction():
-    """1.3b on 1, 2 and 4 ranks (the constants fitted on 1 rank), 350m on 1 and 2, 2.7b on 1 and 2 (predicted
+    """1.3b on 1, 2 and 4 ranks (the constants fitted on 1 rank; at micro batch 2 and 16 in 36-step-time, run after
+    this test: 28.31 and 28.32 GiB against 28.34), 350m on 1 and 2, 2.7b on 1 and 2 (predicted
     before it ran: 57.19 GB, 57.22 measured), and the timelines' runs at prefetch caps of 1e8 and 5e8. Issue 33
     asks 10%; at 5%, leaving out the pinned blocks' rounding or gloo's staging fails it."""
     timelines = ((log, result.RankResult.from_dict(json.loads(line[len("RESULT "):])))
@@ -808,10 +818,10 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
                  for line in log.read_text(errors="replace").splitlines() if line.startswith("RESULT "))
     found = {}
     for path, r in (*records(LOGS), *timelines):
-        predicted = theory.predicted_host_peak(r) if r.host_peak_rss_bytes and r.steps else None
+        predicted = theory.predicted_host_peak(r) if r.peaks.host_peak_rss_bytes and r.steps else None
         if predicted:
-            found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.host_peak_rss_bytes - 1
-    assert len({run for run, _, _ in found}) == 18
+            found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.peaks.host_peak_rss_bytes - 1
+    assert len({run for run, _, _ in found}) == 20  # 36-step-time's two offloaded runs among them
     assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
 
 

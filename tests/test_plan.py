@@ -410,7 +410,7 @@ def test_the_allocators_reserve_covers_every_committed_h200_run_of_the_projects_
         if predictable(r) and "_original" not in r.run.config:  # the original design's 5e8 buckets fragment more
             shape = plan.PRESETS[r.run.model]
             m = rank_memory(r.run, shape, counted(r, shape), r.zero_config or {}, seat(r))
-            worst = max(worst, max(s.peak_reserved_bytes for s in r.steps) - m.reserved)
+            worst = max(worst, max(s.memory.peak_reserved_bytes for s in r.steps) - m.reserved)
     assert 1 * GIB < worst <= plan.ASSUMED["reserve_gib"][0] * GIB
 
 

@@ -189,7 +189,7 @@ def test_a_result_line_reads_back_as_the_same_result():
 
 
 def test_a_step_made_by_its_fields_records_the_keys_given_alone_in_their_order():
-    s = parts.Step.made(step=1, loss=5.0, time_s=0.5, peak_mem_bytes=7)
+    s = parts.Step.made(step=1, loss=5.0, time_s=0.5, memory=parts.MemorySnapshot.made(peak_mem_bytes=7))
     assert list(s.as_dict()) == ["step", "loss", "time_s", "peak_mem_bytes"]
 
 

@@ -169,7 +169,7 @@ def test_fp16_with_no_step_applied_leaves_b_and_c_not_observable(run_sh, tmp_pat
 def test_the_step_line_says_a_step_was_skipped_with_its_loss_scale():
     r = record(**facts(3))
     r.steps = [parts.Step(step=1, loss=11.098, lr=1e-5, applied=False, loss_scale=32768.0, time_s=1.0,
-                          peak_mem_bytes=GIB)]
+                          memory=parts.MemorySnapshot(peak_mem_bytes=GIB))]
     assert "loss scale 32768  SKIPPED: overflow" in rank_lines.step_line(r, r.steps[0])
     r.steps.append(dataclasses.replace(r.steps[0], step=2, applied=True))
     assert rank_lines.step_line(r, r.steps[1]).endswith("loss scale 32768  applied 1 of 3")
@@ -191,10 +191,10 @@ def zero_config(stage):
 
 def gpu_rank(stage, world, peak, **settings):
     """A GPU rank's record that peaked at `peak` bytes (a whole number, as torch counts them)."""
-    r = record(**{**facts(stage, world), **settings}, peak_mem_bytes=round(peak), zero_config=zero_config(stage))
+    r = record(**{**facts(stage, world), **settings}, peak_mem_bytes=round(peak), zero_config=zero_config(stage),
+               predicted_model_state_bytes=4)
     r.steps = [parts.Step(step=1, loss=1.0, applied=True)]
     r.model_state_breakdown = parts.Census(params=1, grads=1, master=1, moments=1)
-    r.predicted_model_state_bytes = 4
     return r
 
 

@@ -18,7 +18,7 @@ CAUSES = {
 def estimator_gap(r: RankResult) -> list[str]:
     """Why DeepSpeed's estimate of the device's model states departs from the measurement: what its formulas
     add. Without GPUs, offload's device and host are one memory: no gap."""
-    estimate = r.deepspeed_estimate
+    estimate = r.predicted.deepspeed
     if not estimate or (r.mem_kind != "cuda" and any(r.run.offload.values())):
         return []
     if abs(r.model_state_bytes / estimate["device"] - 1) <= EXPLAIN_BEYOND:
@@ -31,14 +31,14 @@ def estimator_gap(r: RankResult) -> list[str]:
             "has them)")
         adds.append(f"{18 - paper} bytes per partition element (18 where the paper counts {paper}){why}")
     if shards_params(r.run.stage):
-        adds.append(f"4 bytes per element of the largest layer ({r.largest_param_elems:,} elements)")
+        adds.append(f"4 bytes per element of the largest layer ({r.shards.largest_param_elems:,} elements)")
     return [f"DeepSpeed's estimator: {size(estimate['device'])} against {size(r.model_state_bytes)} "
             f"measured: " + ("it adds " + " and ".join(adds) if adds else "no known cause")]
 
 
 def state_gaps(r: RankResult, held: dict[str, float]) -> list[str]:
     """The kinds of model state that make a difference of more than EXPLAIN_BEYOND from the paper."""
-    predicted = r.predicted_breakdown
+    predicted = r.predicted.breakdown
     total = sum(predicted.values())
     if abs(sum(held.values()) / total - 1) <= EXPLAIN_BEYOND:
         return []
@@ -67,12 +67,12 @@ def prefetch_cause(r: RankResult) -> str:
 
 
 def peak_gap(r: RankResult) -> list[str]:
-    if r.mem_kind != "cuda" or abs(r.peak_mem_bytes / r.predicted_peak_bytes - 1) <= EXPLAIN_BEYOND:
+    if r.mem_kind != "cuda" or abs(r.peaks.peak_mem_bytes / r.predicted.peak - 1) <= EXPLAIN_BEYOND:
         return []
-    return [f"peak: {size(r.peak_mem_bytes)} measured against {size(r.predicted_peak_bytes)} estimated from "
+    return [f"peak: {size(r.peaks.peak_mem_bytes)} measured against {size(r.predicted.peak)} estimated from "
             f"model states, buffers and gathered weights, and the most of backward's start (activations "
-            f"{size(r.activation_estimate_bytes)}), its end, the reduction after it and the step (what it makes "
-            f"{size(r.step_transient_bytes)}){prefetch_cause(r)}"]
+            f"{size(r.predicted.activations)}), its end, the reduction after it and the step (what it makes "
+            f"{size(r.predicted.transient)}){prefetch_cause(r)}"]
 
 
 def differences(r: RankResult, held: dict[str, float]) -> list[str]:

@@ -28,36 +28,36 @@ def seat(r: RankResult) -> Seat:
 
 def counted(r: RankResult, shape: ModelShape) -> Counts:
     """What the rank counted of the model's parameters: the shape's blocks, its own partition and largest tensor."""
-    shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
-    return Counts(r.params_total, r.largest_param_elems, shape.block_params, shape.root_params, shard,
-                  r.persistent_elems)
+    c = r.shards
+    shard = predict.shard_elems(r.run.stage, c.params_total, c.local_param_elems, r.world_size)
+    return Counts(c.params_total, c.largest_param_elems, shape.block_params, shape.root_params, shard,
+                  c.persistent_elems)
 
 
 def add_predictions(r: RankResult, shape: ModelShape, zero: dict[str, Any]) -> None:
     """The paper's model states by kind and by where they live, DeepSpeed's estimate, the activations, the
     optimizer step's fp32 gradients and the peak, against which the measurement is judged; zero is the
     zero_optimization section as DeepSpeed read it."""
-    run = r.run
+    run, c = r.run, r.shards
     m = rank_memory(run, shape, counted(r, shape), zero, seat(r))
-    r.predicted_breakdown = m.breakdown
-    r.predicted_model_state_bytes, r.predicted_host_state_bytes = m.states, m.host_states
-    r.deepspeed_estimate = predict.deepspeed_estimate(run.stage, r.params_total, r.largest_param_elems,
-                                                      r.ranks_per_node, r.world_size // r.ranks_per_node,
-                                                      run.offload) if run.engine == "deepspeed" else None
-    r.activation_estimate_bytes, r.step_transient_bytes = m.activations, m.transient
-    r.predicted_peak_bytes = m.peak
+    estimate = None
+    if run.engine == "deepspeed":
+        estimate = predict.deepspeed_estimate(run.stage, c.params_total, c.largest_param_elems, r.ranks_per_node,
+                                              r.world_size // r.ranks_per_node, run.offload)
+    r.predicted = parts.Predicted(breakdown=m.breakdown, states=m.states, host_states=m.host_states, deepspeed=estimate,
+                                  activations=m.activations, transient=m.transient, peak=m.peak)
 
 
 def add_shares(r: RankResult) -> None:
     """What this rank holds of each kind of model state against what its stage promises: the paper's shares, where
     the prediction also holds what DeepSpeed keeps beyond them."""
-    run = r.run
-    whole = predict.model_states(run.stage, run.dtype, r.params_total, r.params_total, engine=run.engine)
-    shard = predict.shard_elems(run.stage, r.params_total, r.local_param_elems, r.world_size)
-    paper = predict.model_states(run.stage, run.dtype, r.params_total, shard, r.persistent_elems, run.engine)
+    run, c = r.run, r.shards
+    whole = predict.model_states(run.stage, run.dtype, c.params_total, c.params_total, engine=run.engine)
+    shard = predict.shard_elems(run.stage, c.params_total, c.local_param_elems, r.world_size)
+    paper = predict.model_states(run.stage, run.dtype, c.params_total, shard, c.persistent_elems, run.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
     r.promised_fraction = predict.shares(paper, whole)
-    straddling = 2 * r.largest_param_elems / r.params_total
+    straddling = 2 * c.largest_param_elems / c.params_total
     r.partition_check_ok = predict.holds_as_promised(r.held_fraction, r.promised_fraction, r.run.stage, straddling,
                                                      PARTITION_TOLERANCE)
 
@@ -67,11 +67,11 @@ def finish(r: RankResult, shape: ModelShape, zero: dict[str, Any], memory_now: p
     predictions and shares they are judged against. zero is the config's zero_optimization section;
     memory_now the memory snapshot at the end."""
     taken = [memory_now, *([r.memory_at_start] if r.memory_at_start else [])]
-    snapshots: list[parts.MemorySnapshot | parts.Step] = [*taken, *r.steps]  # a step carries its snapshot's fields
-    r.peak_mem_bytes = most(s.peak_mem_bytes for s in snapshots)
-    r.peak_reserved_bytes = most(s.peak_reserved_bytes for s in snapshots)
-    r.host_peak_rss_bytes = most(s.host_peak_rss_bytes for s in snapshots)
-    r.device_total_bytes = memory_now.device_total_bytes
+    snapshots = [*taken, *(s.memory for s in r.steps if s.memory)]
+    r.peaks = parts.MemorySnapshot(peak_mem_bytes=most(s.peak_mem_bytes for s in snapshots),
+                                   peak_reserved_bytes=most(s.peak_reserved_bytes for s in snapshots),
+                                   host_peak_rss_bytes=most(s.host_peak_rss_bytes for s in snapshots),
+                                   device_total_bytes=memory_now.device_total_bytes)
     if r.model_state_breakdown:
         add_predictions(r, shape, r.zero_config or zero)  # as DeepSpeed read it, where it did
         add_shares(r)

@@ -1,9 +1,10 @@
 """
-The measured parts of a rank's result that its RESULT line carries as records of their own, typed: where it ran
-(Environment), what it held by kind (Census), its memory at a moment (MemorySnapshot) and each training step
-(Step), with its collectives of each kind (Collectives). A log of an older version lacks some of their keys, and a
-CPU run records no driver and a smaller memory snapshot; a part writes back the keys it was made with, in their
-order, so that its record reads back as it was written.
+The parts of a rank's result, typed: where it ran (Environment), what it held by kind (Census), its memory at a moment
+(MemorySnapshot), what it partitioned (Shards), what theory predicts of its memory (Predicted) and each training step
+(Step), with its collectives of each kind (Collectives). Its RESULT line carries most as records of their own, and
+some flat (result.FLAT). A log of an older version lacks some of their keys, and a CPU run records no driver and a
+smaller memory snapshot; a part writes back the keys it was made with, in their order, so that its record reads back
+as it was written.
 """
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
@@ -74,6 +75,36 @@ class MemorySnapshot(Part):
     device_total_bytes: int | None = None  # the GPU's size
 
 
+SNAPSHOT_KEYS = {f.name for f in fields(MemorySnapshot)} - {"recorded"}  # a snapshot's keys, in a step's record
+
+
+@dataclass(frozen=True)
+class Shards(Part):
+    """What ZeRO-3 or FSDP2 partitioned on one rank (accounting.measure.shard_report); None where the rank failed
+    before it counted."""
+    param_tensors: int | None = None  # the model's parameter tensors
+    partitioned_tensors: int | None = None  # those split across the ranks
+    persistent_tensors: int | None = None  # those of them that stage 3 also keeps whole (ds_persist)
+    params_total: int | None = None  # the model's parameter elements
+    local_param_elems: int | None = None  # this rank's: its shards, with padding, and the tensors it holds whole
+    persistent_elems: int | None = None  # the persistent tensors' elements
+    largest_param_elems: int | None = None  # the largest tensor's
+    shard_check_ok: bool | None = None  # whether every shard has the size that ZeRO-3 or FSDP2 gives it
+
+
+@dataclass(frozen=True)
+class Predicted(Part):
+    """What theory predicts of a rank's memory (accounting.memory.rank_memory, from what the rank counted), against
+    which its measurement is judged. A log from before a term was recorded lacks it."""
+    breakdown: dict[str, float] | None = None  # the model states by kind (predict.KINDS), on the device and the host
+    states: float | None = None  # the model states on the device
+    host_states: float | None = None  # the model states in host memory (offload)
+    deepspeed: dict[str, float] | None = None  # DeepSpeed's own estimator: device and host_per_node; None off DeepSpeed
+    activations: float | None = None  # the activations when backward starts
+    transient: float | None = None  # what the optimizer step makes: its fp32 gradient copies
+    peak: float | None = None  # the rank's peak: what it holds throughout and the most of its moments
+
+
 @dataclass(frozen=True)
 class Collectives(Part):
     """The collectives of one kind in a step (all-gathers, say), as accounting.comms counts them: their size in
@@ -86,31 +117,40 @@ class Collectives(Part):
 @dataclass(frozen=True)
 class Step(Part):
     """One training step (train_gpt.train): its loss before the update, and what it cost. Every log records its
-    step, loss, time_s and peak_mem_bytes; a step made by hand may leave out what its reader does not ask."""
+    step, loss, time_s and its memory's peak_mem_bytes; a step made by hand may leave out what its reader does not
+    ask."""
     step: int | None = None
     loss: float | None = None
     lr: float | None = None  # absent in the oldest logs
     applied: bool = True  # False where fp16's loss scaler found an overflow and skipped the update; absent: True
     loss_scale: float | None = None  # fp16's, after the step
     time_s: float | None = None
-    # the fields of the MemorySnapshot after it, flat as its record holds them: on a CPU, peak_mem_bytes alone
-    peak_mem_bytes: int | None = None
-    allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    host_peak_rss_bytes: int | None = None
-    device_total_bytes: int | None = None
+    memory: MemorySnapshot | None = None  # the snapshot after it, whose keys its record holds flat, where this stands
     comm: dict[str, Collectives] | None = None  # its collectives by kind (accounting.comms.COLLECTIVES)
     comm_s: dict[str, float | None] | None = None  # the NCCL kernels' seconds by kind, in the profiled step
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Self:
-        comm = d.get("comm")
-        return super().from_dict({**d, "comm": {kind: Collectives.from_dict(c) for kind, c in comm.items()}}
-                                 if comm else d)
+        record: dict[str, Any] = {}
+        for key, value in d.items():
+            if key in SNAPSHOT_KEYS:
+                record.setdefault("memory", MemorySnapshot.from_dict(d))
+            elif key == "comm" and value:
+                record[key] = {kind: Collectives.from_dict(c) for kind, c in value.items()}
+            else:
+                record[key] = value
+        return super().from_dict(record)
 
     def as_dict(self) -> dict[str, Any]:
-        d = super().as_dict()
-        return {**d, "comm": {kind: c.as_dict() for kind, c in self.comm.items()}} if self.comm else d
+        d: dict[str, Any] = {}
+        for key, value in super().as_dict().items():
+            if key == "memory":
+                d.update(value.as_dict() if value else {})
+            elif key == "comm" and value:
+                d[key] = {kind: c.as_dict() for kind, c in value.items()}
+            else:
+                d[key] = value
+        return d
 
 
 # the fields of a rank's result that hold one part each, by the part's class

@@ -16,7 +16,7 @@ def step_line(r: RankResult, s: parts.Step) -> str:
     scale = f"  loss scale {s.loss_scale:g}{skipped}" if s.loss_scale is not None else skipped
     hfu = r.hfu_at(s.time_s)
     return (f"step {s.step}/{r.run.steps_planned}  loss {s.loss:.4f}  lr {s.lr:.2e}  time {s.time_s:.3f}s  "
-            f"mem {gib(s.peak_mem_bytes):.2f} GiB  tok/s {r.tokens_per_step() / s.time_s:,.0f}  "
+            f"mem {gib(s.memory.peak_mem_bytes):.2f} GiB  tok/s {r.tokens_per_step() / s.time_s:,.0f}  "
             f"mfu {pct(tflops / r.peak_tflops if tflops and r.peak_tflops else None)}"
             f"{f'  hfu {pct(hfu)}' if hfu else ''}{scale}")
 
@@ -26,50 +26,51 @@ def kinds_text(census: parts.Census) -> str:
 
 
 def partition_lines(tag: str, r: RankResult) -> list[str]:
-    return [f"{tag} - total param tensors: {r.param_tensors}, sharded param tensors: {r.partitioned_tensors}, "
-            f"persistent: {r.persistent_tensors}, local elements: {r.local_param_elems:,} of "
-            f"{r.params_total:,}, shard sizes: {'ok' if r.shard_check_ok else 'WRONG'}"]
+    c = r.shards
+    return [f"{tag} - total param tensors: {c.param_tensors}, sharded param tensors: {c.partitioned_tensors}, "
+            f"persistent: {c.persistent_tensors}, local elements: {c.local_param_elems:,} of "
+            f"{c.params_total:,}, shard sizes: {'ok' if c.shard_check_ok else 'WRONG'}"]
 
 
 def memory_lines(tag: str, r: RankResult) -> list[str]:
     lines = [f"{tag} model states: {size(r.model_state_bytes)} ({kinds_text(r.model_state_breakdown)}) vs ZeRO "
-             f"prediction {size(r.predicted_model_state_bytes)} "
-             f"({fmt(relative_error(r.model_state_bytes, r.predicted_model_state_bytes), '+.1%')}); other tensors "
+             f"prediction {size(r.predicted.states)} "
+             f"({fmt(relative_error(r.model_state_bytes, r.predicted.states), '+.1%')}); other tensors "
              f"{size(r.model_state_breakdown.other)}; partitioned parameters still gathered after backward: "
              f"{r.gathered_tensors}"]
     if r.host_state_breakdown:
         lines.append(f"{tag} host (CPU) model states: {size(r.host_state_bytes)} "
-                     f"({kinds_text(r.host_state_breakdown)}) vs prediction {size(r.predicted_host_state_bytes)}; "
+                     f"({kinds_text(r.host_state_breakdown)}) vs prediction {size(r.predicted.host_states)}; "
                      f"other host tensors {size(r.host_state_breakdown.other)}")
     held, promised = r.held_fraction, r.promised_fraction
     lines.append(f"{tag} holds of the whole model's states: " + ", ".join(
         f"{kind} {held[kind]:.1%} (promised {promised[kind]:.1%})" for kind in held) +
         f": {'as' if r.partition_check_ok else 'NOT as'} stage {r.run.stage} promises")
-    estimate = r.deepspeed_estimate
+    estimate = r.predicted.deepspeed
     if estimate:
         lines.append(f"{tag} DeepSpeed's estimator: {size(estimate['device'])} per device, "
                      f"{size(estimate['host_per_node'])} per node")
-    peak = f"; the peak at {size(r.predicted_peak_bytes)}" if r.mem_kind == "cuda" else ""
-    lines.append(f"{tag} estimated: activations {size(r.activation_estimate_bytes)}, the optimizer step's fp32 "
-                 f"gradients {size(r.step_transient_bytes)}{peak}")
+    peak = f"; the peak at {size(r.predicted.peak)}" if r.mem_kind == "cuda" else ""
+    lines.append(f"{tag} estimated: activations {size(r.predicted.activations)}, the optimizer step's fp32 "
+                 f"gradients {size(r.predicted.transient)}{peak}")
     return lines + [f"{tag} difference: {d}" for d in r.differences]
 
 
 def human_lines(r: RankResult) -> list[str]:
     """What one rank holds, in words; a rank that failed early has fewer figures."""
     tag = f"[Stage {r.run.stage}] Rank {r.rank}"
-    lines = partition_lines(tag, r) if r.param_tensors is not None else []
+    lines = partition_lines(tag, r) if r.shards.param_tensors is not None else []
     lines += memory_lines(tag, r) if r.model_state_bytes is not None else []
     if r.rank == 0 and r.losses:
         lines.append(f"[Stage {r.run.stage}] first-step loss: {r.first_loss:.4f}; losses: "
                      + ", ".join(f"{x:.4f}" for x in r.losses))
     if r.mem_kind == "cuda":
-        extra = (f"peak allocated; reserved {gib(r.peak_reserved_bytes or 0):.2f}, after init "
+        extra = (f"peak allocated; reserved {gib(r.peaks.peak_reserved_bytes or 0):.2f}, after init "
                  f"{gib(r.mem_after_init_bytes or 0):.2f}, device "
-                 f"{gib(r.device_total_bytes or 0):.1f} GiB")
+                 f"{gib(r.peaks.device_total_bytes or 0):.1f} GiB")
     else:
         extra = "peak RSS of the process"
-    lines.append(f"{tag} peak memory: {gib(r.peak_mem_bytes):.2f} GiB ({extra})")
+    lines.append(f"{tag} peak memory: {gib(r.peaks.peak_mem_bytes):.2f} GiB ({extra})")
     if r.oom:
         lines.append(f"{tag} OUT OF MEMORY: {r.error}")
     elif r.error:
@@ -94,11 +95,11 @@ def rank_table(results: list[RankResult]) -> str:
     rows: list[tuple[object, ...]] = [("rank", "partitioned/total", "local elems", "model states", "predicted", "diff",
                                        "other tensors", "peak", "status")]
     for r in results:
-        measured, predicted = r.model_state_bytes, r.predicted_model_state_bytes
-        rows.append((r.rank, f"{fmt(r.partitioned_tensors, 'd')}/{fmt(r.param_tensors, 'd')}",
-                     fmt(r.local_param_elems, ","), fmt(measured or None, "bytes"),
+        measured, predicted = r.model_state_bytes, r.predicted.states
+        rows.append((r.rank, f"{fmt(r.shards.partitioned_tensors, 'd')}/{fmt(r.shards.param_tensors, 'd')}",
+                     fmt(r.shards.local_param_elems, ","), fmt(measured or None, "bytes"),
                      fmt(predicted or None, "bytes"), fmt(relative_error(measured, predicted), "+.1%"),
-                     fmt(other_bytes([r]), "bytes"), fmt(r.peak_mem_bytes or None, "bytes"),
+                     fmt(other_bytes([r]), "bytes"), fmt(r.peaks.peak_mem_bytes or None, "bytes"),
                      "OOM" if r.oom else "error" if r.error else "ok"))
     return format_table(rows)
 

@@ -7,7 +7,7 @@ import json
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from zero3bench import options, parts
@@ -50,15 +50,8 @@ class RankResult:
     deepcompile_active: bool | None = None  # whether DeepSpeed says DeepCompile compiled the run; None: cannot say
     memory_at_start: parts.MemorySnapshot | None = None  # the memory snapshot once the engine is ready
     zero_config: dict | None = None  # the zero_optimization section as DeepSpeed read it (compat.zero_config)
-    # partitioning (accounting.measure.shard_report)
-    param_tensors: int | None = None
-    partitioned_tensors: int | None = None
-    persistent_tensors: int | None = None
-    params_total: int | None = None
-    local_param_elems: int | None = None
-    persistent_elems: int | None = None
-    largest_param_elems: int | None = None
-    shard_check_ok: bool | None = None
+    # partitioning
+    shards: parts.Shards = field(default_factory=parts.Shards)  # what it partitioned (accounting.measure.shard_report)
     weights_checksum: float | None = None
     trained_checksum: float | None = None  # the weights checksum after the same rows' steps (options.SAME_ROWS_STEPS)
     gathered_tensors: int | None = None
@@ -68,18 +61,10 @@ class RankResult:
     # memory, measured (accounting.measure.census, in the last step) and predicted
     model_state_breakdown: parts.Census | None = None  # on the device (GPU, or CPU without GPUs)
     host_state_breakdown: parts.Census | None = None  # in host memory, with offload on GPUs
-    predicted_breakdown: dict | None = None
-    predicted_model_state_bytes: float | None = None
-    predicted_host_state_bytes: float | None = None
-    deepspeed_estimate: dict | None = None
-    activation_estimate_bytes: float | None = None
-    step_transient_bytes: float | None = None
-    predicted_peak_bytes: float | None = None
+    predicted: parts.Predicted = field(default_factory=parts.Predicted)  # what theory predicts of them and of the peak
     differences: list | None = None
-    peak_mem_bytes: int | None = 0
-    peak_reserved_bytes: int | None = None
-    device_total_bytes: int | None = None
-    host_peak_rss_bytes: int | None = None
+    # the most of its memory snapshots' peaks, the GPU's size; a peak of 0 where the rank did not finish
+    peaks: parts.MemorySnapshot = field(default_factory=lambda: parts.MemorySnapshot(peak_mem_bytes=0))
     steps: list[parts.Step] = field(default_factory=list)  # training, per step
     flops_per_token: float | None = None
     peak_tflops: float | None = None  # the device's dense 16-bit peak, where known
@@ -90,9 +75,11 @@ class RankResult:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RankResult":
         """A RESULT line's result; its figures are worked out again, and keys it does not know (a figure, or
-        a field of an older or newer version) are passed over. Logs from before flops_per_token and peak_tflops
-        were recorded stored only the figures made of them: those give them back."""
-        r = cls(options.run_from(d), **{**{k: v for k, v in d.items() if k in FIELDS}, **parts.of(d)})
+        a field of an older or newer version) are passed over; the parts it carries flat (FLAT) are made again.
+        Logs from before flops_per_token and peak_tflops were recorded stored only the figures made of them: those
+        give them back."""
+        own = {k: v for k, v in d.items() if k in FIELDS and k not in CARRIED}
+        r = cls(options.run_from(d), **{**own, **parts.of(d)}, **{name: carried(d, name) for name in FLAT})
         tflops, tokens = d.get("tflops_per_gpu"), d.get("tokens_per_s")
         if r.flops_per_token is None and tflops and tokens and r.gpus:
             r.flops_per_token = tflops * 1e12 * r.gpus / tokens
@@ -169,7 +156,7 @@ class RankResult:
         """The last step's communication in the ZeRO paper's units: 2 (x the parameters) for an all-reduce of
         the gradients, 3 for stage 3."""
         last = self.counted_comm()
-        return traffic.volume(last, self.params_total) if last and self.params_total else None
+        return traffic.volume(last, self.shards.params_total) if last and self.shards.params_total else None
 
     @property
     def paper_comm_volume(self) -> int:
@@ -227,9 +214,36 @@ class RankResult:
 
 
 FIGURES = [name for name, value in vars(RankResult).items() if isinstance(value, property)]
-FIELDS = {f.name for f in fields(RankResult)} - {"run"}  # the rank's own, as its RESULT line names them
-# the fields a RESULT line carries, in its order, with the types a record's values must have
-LINE_FIELDS = [*fields(options.Run), *(f for f in fields(RankResult) if f.name in FIELDS)]
+# The fields that hold a part which the RESULT line carries flat, as a step carries its snapshot: the line's key
+# for each of the part's fields that it carries, in the line's order
+FLAT: dict[str, dict[str, str]] = {
+    "shards": {f.name: f.name for f in fields(parts.Shards) if f.name != "recorded"},
+    "predicted": {"breakdown": "predicted_breakdown", "states": "predicted_model_state_bytes",
+                  "host_states": "predicted_host_state_bytes", "deepspeed": "deepspeed_estimate",
+                  "activations": "activation_estimate_bytes", "transient": "step_transient_bytes",
+                  "peak": "predicted_peak_bytes"},
+    "peaks": {key: key for key in ("peak_mem_bytes", "peak_reserved_bytes", "device_total_bytes",
+                                   "host_peak_rss_bytes")},
+}
+FLAT_FIELDS = {f.name: f for f in fields(RankResult) if f.name in FLAT}
+CARRIED = {key for keys in FLAT.values() for key in keys.values()}  # the keys of the parts carried flat
+# the rank's own, as its RESULT line names them
+FIELDS = ({f.name for f in fields(RankResult)} - {"run"} - FLAT.keys()) | CARRIED
+# the keys a RESULT line carries, with the types a record's values must have
+LINE_TYPES = {**{f.name: f.type for f in fields(options.Run)},
+              **{f.name: f.type for f in fields(RankResult) if f.name in FIELDS},
+              **{FLAT[name][f.name]: f.type for name, held in FLAT_FIELDS.items() for f in fields(held.type)
+                 if f.name in FLAT[name]}}
+
+
+def carried(d: dict[str, Any], name: str) -> parts.Part:
+    """The part in the field name as a RESULT line carries it flat: the field's default but for the keys it holds."""
+    return replace(FLAT_FIELDS[name].default_factory(), **{f: d[key] for f, key in FLAT[name].items() if key in d})
+
+
+def flat(r: RankResult, name: str) -> dict[str, Any]:
+    """The keys that r's RESULT line carries for its part in the field name, in their order."""
+    return {key: getattr(getattr(r, name), f) for f, key in FLAT[name].items()}
 
 
 def most(values: Iterable[Figure | None]) -> Figure | None:
@@ -245,10 +259,14 @@ def line_value(r: RankResult, key: str) -> Any:
 
 
 def as_dict(r: RankResult) -> dict[str, Any]:
-    """The result as its RESULT line carries it, flat: its run's fields, its own and its figures."""
+    """The result as its RESULT line carries it, flat: its run's fields, its own (the parts of FLAT flat among them)
+    and its figures."""
     own = {**asdict(r), **{name: part.as_dict() if (part := getattr(r, name)) else None for name in parts.ONE},
            "steps": [s.as_dict() for s in r.steps]}
-    return {**own.pop("run"), **own, **{name: getattr(r, name) for name in FIGURES}}
+    line = own.pop("run")
+    for name, value in own.items():
+        line.update(flat(r, name) if name in FLAT else {name: value})
+    return {**line, **{name: getattr(r, name) for name in FIGURES}}
 
 
 def result_line(r: RankResult) -> str:

@@ -10,7 +10,7 @@ import math
 import resource
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -64,34 +64,21 @@ def shard_ok(p: torch.Tensor, world: int) -> bool:
     return local(p).shape[0] == fsdp2_rows(p)[0] and local(p).shape[1:] == p.shape[1:]
 
 
-@dataclass(frozen=True)
-class Shards:
-    """What ZeRO-3 or FSDP2 partitioned on one rank (shard_report), under the names of RankResult's fields."""
-    param_tensors: int
-    partitioned_tensors: int
-    persistent_tensors: int
-    params_total: int
-    local_param_elems: int
-    persistent_elems: int
-    largest_param_elems: int
-    shard_check_ok: bool
-
-
-def shard_report(model: torch.nn.Module, world: int) -> Shards:
+def shard_report(model: torch.nn.Module, world: int) -> parts.Shards:
     """Count what ZeRO-3 or FSDP2 partitioned: a partitioned ZeRO parameter has ds_numel (its full size) and
     ds_tensor (this rank's shard, ceil(numel / G) elements); a persistent one (ds_persist) also stays whole
     on every rank. An FSDP2 parameter is a DTensor sharded on dim 0."""
     params = list(model.parameters())
-    parts = [p for p in params if sharded(p)]
-    return Shards(
+    split = [p for p in params if sharded(p)]
+    return parts.Shards(
         param_tensors=len(params),
-        partitioned_tensors=len(parts),
-        persistent_tensors=sum(bool(getattr(p, "ds_persist", False)) for p in parts),
+        partitioned_tensors=len(split),
+        persistent_tensors=sum(bool(getattr(p, "ds_persist", False)) for p in split),
         params_total=sum(map(full_numel, params)),
         local_param_elems=sum(p.ds_tensor.numel() if is_zero_param(p) else local(p).numel() for p in params),
-        persistent_elems=sum(p.ds_numel for p in parts if getattr(p, "ds_persist", False)),
+        persistent_elems=sum(p.ds_numel for p in split if getattr(p, "ds_persist", False)),
         largest_param_elems=max(map(full_numel, params)),
-        shard_check_ok=all(shard_ok(p, world) for p in parts),
+        shard_check_ok=all(shard_ok(p, world) for p in split),
     )
 
 

@@ -316,7 +316,7 @@ def machine(runs: dict[str, list[RankResult]], path: Path, calibrated: Calibrati
         found["mfu"] = Measured(calibrated.mfu, f"{source} ({calibrated.run}, micro batch {calibrated.micro_batch}, "
                                                 f"over {calibrated.steady_steps} steady steps{few})")
     for name, rs in runs.items():
-        memory = median_of([r.device_total_bytes for r in rs])
+        memory = median_of([r.peaks.device_total_bytes for r in rs])
         peak = median_of([r.peak_tflops for r in rs])
         if memory:
             found.setdefault("gpu_mem_gib", Measured(gib(memory), source))

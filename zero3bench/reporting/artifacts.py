@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from zero3bench.formatting import QuietWhenClosed, gib
 from zero3bench.rank_lines import rank_table
-from zero3bench.result import as_dict
+from zero3bench.result import RankResult, as_dict
 
 from .figures import Check
 from .reading import Results, Runs, first, most, oom, pairs, read_command, read_marks
@@ -116,17 +116,18 @@ def draw_per_rank(ax: Axes, runs: Runs) -> int:
     host's model states with offload. Returns the number of series."""
     bars = [(f"{name}, rank {r.rank}" + (" (OOM)" if r.oom else " (failed)" if r.error else ""), r)
             for name, results in runs.items() for r in results]
-    series = [("measured peak", "peak_mem_bytes"), ("measured model states", "model_state_bytes"),
-              ("predicted model states", "predicted_model_state_bytes")]
+    series: list[tuple[str, Callable[[RankResult], float | None]]] = [
+        ("measured peak", lambda r: r.peaks.peak_mem_bytes), ("measured model states", lambda r: r.model_state_bytes),
+        ("predicted model states", lambda r: r.predicted.states)]
     if any(r.host_state_bytes for _, r in bars):
-        series.append(("measured host (CPU) model states", "host_state_bytes"))
+        series.append(("measured host (CPU) model states", lambda r: r.host_state_bytes))
     height = 0.8 / len(series)
-    for i, (label, key) in enumerate(series):
+    for i, (label, figure) in enumerate(series):
         ax.barh([y + (i - (len(series) - 1) / 2) * height for y in range(len(bars))],
-                [gib(getattr(r, key) or 0) for _, r in bars], height, label=label)
+                [gib(figure(r) or 0) for _, r in bars], height, label=label)
     ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=8)
     ax.invert_yaxis()
-    values = [gib(v) for _, r in bars for v in (r.peak_mem_bytes, r.model_state_bytes) if v]
+    values = [gib(v) for _, r in bars for v in (r.peaks.peak_mem_bytes, r.model_state_bytes) if v]
     if values and max(values) > 100 * min(values):  # a toy model's states beside a process's runtime
         ax.set_xscale("log")
     ax.set_xlabel("GiB per rank")
@@ -144,13 +145,17 @@ def draw_scaling(ax: Axes, worlds: dict[int, tuple[Results, Results]]) -> None:
     if base:
         ax.plot(sizes, [gib(base) / g for g in sizes], ":", color="gray", linewidth=3,
                 label="ideal: stage 0 model states / G")
-    lines = [("stage 0 model states", dense_at, "model_state_bytes", "s--"),
-             ("stage 3 model states", zero3_at, "model_state_bytes", "o--")]
+    def states(r: RankResult) -> int | None:
+        return r.model_state_bytes
+
+    def peak(r: RankResult) -> int | None:
+        return r.peaks.peak_mem_bytes
+
+    lines = [("stage 0 model states", dense_at, states, "s--"), ("stage 3 model states", zero3_at, states, "o--")]
     if first(zero3_at[sizes[-1]]).mem_kind == "cuda":  # a CPU's peak RSS is mostly the runtime
-        lines += [("stage 0 peak", dense_at, "peak_mem_bytes", "s-"),
-                  ("stage 3 peak", zero3_at, "peak_mem_bytes", "o-")]
-    for label, run_at, key, style in lines:
-        points = [(g, gib(v)) for g in sizes if (v := most(getattr(r, key) for r in run_at[g]))]
+        lines += [("stage 0 peak", dense_at, peak, "s-"), ("stage 3 peak", zero3_at, peak, "o-")]
+    for label, run_at, figure, style in lines:
+        points = [(g, gib(v)) for g in sizes if (v := most(figure(r) for r in run_at[g]))]
         if points:
             ax.plot(*zip(*points), style, label=label)
     for g in sizes:

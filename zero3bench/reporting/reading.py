@@ -12,7 +12,7 @@ from typing import Any, get_args, get_origin
 from zero3bench import parts
 from zero3bench.exits import EXIT, SIGNALS
 from zero3bench.reporting import deaths
-from zero3bench.result import LINE_FIELDS, RankResult, most
+from zero3bench.result import LINE_TYPES, RankResult, most
 from zero3bench.stages import DENSE, ZERO3, is_own_config
 
 NOTHING = RankResult()  # what first() gives for a run without results: every figure at its default
@@ -36,8 +36,8 @@ def held_types(hint: Any) -> tuple[type, ...] | None:
 def mistyped(d: dict[str, Any]) -> bool:
     """Whether a RESULT record holds a value of another kind than its field's (a number in quotes, steps that are
     not a list of records), which every reader after this one would trip on."""
-    for f in LINE_FIELDS:
-        value, kinds = d.get(f.name), LINE_KINDS.get(f.name) or held_types(f.type)
+    for key, hint in LINE_TYPES.items():
+        value, kinds = d.get(key), LINE_KINDS.get(key) or held_types(hint)
         if value is not None and kinds and (
                 not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
             return True

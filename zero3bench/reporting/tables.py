@@ -24,7 +24,7 @@ NEAR_ZERO = 0.01
 
 def estimator(results: Results) -> float | None:
     """DeepSpeed's estimate for the device; without GPUs, device and host are one memory, so both."""
-    estimate = first(results).deepspeed_estimate
+    estimate = first(results).predicted.deepspeed
     if not estimate:
         return None
     # DeepSpeed estimates host memory per node, for all the node's ranks
@@ -71,27 +71,27 @@ class Row:
 
 COMPARISON = [
     Row("ranks", "ranks", lambda rs: first(rs).world_size, "d"),
-    Row("partitioned_tensors", "partitioned tensors", lambda rs: most(r.partitioned_tensors for r in rs), "d"),
-    Row("param_tensors", "param tensors", lambda rs: most(r.param_tensors for r in rs), "d"),
-    Row("local_params", "local params", lambda rs: most(r.local_param_elems for r in rs), ",", SMALLER),
+    Row("partitioned_tensors", "partitioned tensors", lambda rs: most(r.shards.partitioned_tensors for r in rs), "d"),
+    Row("param_tensors", "param tensors", lambda rs: most(r.shards.param_tensors for r in rs), "d"),
+    Row("local_params", "local params", lambda rs: most(r.shards.local_param_elems for r in rs), ",", SMALLER),
     Row("model_states", "model states", lambda rs: most(r.model_state_bytes for r in rs), "bytes", SMALLER),
-    Row("model_states_predicted", "  predicted", lambda rs: most(r.predicted_model_state_bytes for r in rs), "bytes",
+    Row("model_states_predicted", "  predicted", lambda rs: most(r.predicted.states for r in rs), "bytes",
         SMALLER),
     Row("model_states_predicted_error", "  error", lambda rs: states_error(
-        rs, lambda r: r.model_state_bytes, lambda rs: most(r.predicted_model_state_bytes for r in rs)), "+.1%"),
+        rs, lambda r: r.model_state_bytes, lambda rs: most(r.predicted.states for r in rs)), "+.1%"),
     Row("model_states_estimator", "  DeepSpeed estimator", estimator, "bytes", SMALLER),
     Row("model_states_estimator_error", "  error",
         lambda rs: states_error(rs, lambda r: r.model_state_bytes, estimator), "+.1%"),
     Row("host_states", "host model states", lambda rs: most(r.host_state_bytes for r in rs) or None, "bytes",
         optional=True),
-    Row("host_states_paper", "  ZeRO paper", lambda rs: most(r.predicted_host_state_bytes for r in rs) or None, "bytes",
+    Row("host_states_paper", "  ZeRO paper", lambda rs: most(r.predicted.host_states for r in rs) or None, "bytes",
         optional=True),
     Row("host_states_error", "  error", lambda rs: states_error(
-        rs, lambda r: r.host_state_bytes, lambda rs: most(r.predicted_host_state_bytes for r in rs)), "+.1%",
+        rs, lambda r: r.host_state_bytes, lambda rs: most(r.predicted.host_states for r in rs)), "+.1%",
         optional=True),
     Row("other_tensors", "other tensors", other_bytes, "bytes"),
-    Row("peak_memory", "peak memory", lambda rs: most(r.peak_mem_bytes for r in rs) or None, "bytes", SMALLER),
-    Row("peak_memory_estimated", "  estimated", lambda rs: gpu_only(most(r.predicted_peak_bytes for r in rs), rs),
+    Row("peak_memory", "peak memory", lambda rs: most(r.peaks.peak_mem_bytes for r in rs) or None, "bytes", SMALLER),
+    Row("peak_memory_estimated", "  estimated", lambda rs: gpu_only(most(r.predicted.peak for r in rs), rs),
         "bytes", SMALLER, optional=True),
     Row("all_gather_bytes", "all-gather / step", lambda rs: comm(rs, "comm_bytes", "all_gather"), "bytes", SMALLER,
         optional=True),
@@ -196,8 +196,8 @@ def peer_line(zero3: Results | None, label: str, rs: Results, name: str) -> str:
     unmeasured = speed_not_measured({label: zero3, name: rs})
     speed = (f"speed not compared ({unmeasured})" if unmeasured else
              f"{ratio(b.tokens_per_s, a.tokens_per_s, FASTER)} in tokens/s" if a.tokens_per_s else "not timed")
-    return (f"{speed}, peak memory {size(most(r.peak_mem_bytes for r in zero3))} against "
-            f"{size(most(r.peak_mem_bytes for r in rs))}"
+    return (f"{speed}, peak memory {size(most(r.peaks.peak_mem_bytes for r in zero3))} against "
+            f"{size(most(r.peaks.peak_mem_bytes for r in rs))}"
             f"{volume}; " + losses)
 
 
@@ -218,10 +218,10 @@ def offload_memory(results: Results) -> str:
     """Where an offload run's memory went, per rank: the GPU's and the host's."""
     if results[0].mem_kind != "cuda":
         return "without GPUs, device and host are one memory"
-    rss = most(r.host_peak_rss_bytes for r in results)  # logs from before it was recorded lack it
+    rss = most(r.peaks.host_peak_rss_bytes for r in results)  # logs from before it was recorded lack it
     predicted = predicted_host_peak(first(results))
     return (f"per rank, GPU model states {size(figure('model_states', results))}, GPU peak "
-            f"{size(most(r.peak_mem_bytes for r in results))}; host (CPU) model states "
+            f"{size(most(r.peaks.peak_mem_bytes for r in results))}; host (CPU) model states "
             f"{size(most(r.host_state_bytes for r in results))}, other host tensors "
             f"{size(other_bytes(results, host=True))}" + (f", host peak RSS {size(rss)}" if rss else "")
             + (f" (predicted {size(predicted)})" if rss and predicted else ""))

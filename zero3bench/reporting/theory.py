@@ -37,8 +37,8 @@ def predicted_host_peak(r: RankResult) -> float | None:
     """A GPU rank's peak resident set on the host where it offloads its optimizer at stage 3 (host.host_peak_bytes,
     at its partition and its config as DeepSpeed read it); None otherwise, or where the record lacks them."""
     shape = PRESETS.get(r.run.model)
-    if shape is None or not r.zero_config or r.mem_kind != "cuda" or r.params_total is None:
+    if shape is None or not r.zero_config or r.mem_kind != "cuda" or r.shards.params_total is None:
         return None
-    shard = predict.shard_elems(r.run.stage, r.params_total, r.local_param_elems, r.world_size)
+    shard = predict.shard_elems(r.run.stage, r.shards.params_total, r.shards.local_param_elems, r.world_size)
     return host.host_peak_bytes(r.run.stage, predict.WIDTH[r.run.dtype], r.world_size, shard, r.zero_config, shape,
-                                r.params_total, bool(r.rehearsal))
+                                r.shards.params_total, bool(r.rehearsal))

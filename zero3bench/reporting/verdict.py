@@ -40,18 +40,19 @@ class Criterion:
 
 
 def partitioning(dense: Results, zero3: Results) -> tuple[str, Partitioning]:
-    counted = [r for r in zero3 if r.partitioned_tensors is not None]  # a rank that failed early counted nothing
+    counted = [r for r in zero3 if r.shards.partitioned_tensors is not None]  # a rank that failed early counted nothing
     if not counted:
         return "FAIL", Partitioning(counted=False)
     # stage 0 may have run out of memory before it counted anything; what it did count must be nothing
-    counted0 = [r.partitioned_tensors for r in dense if r.partitioned_tensors is not None]
+    counted0 = [r.shards.partitioned_tensors for r in dense if r.shards.partitioned_tensors is not None]
     a, b = dense[0].weights_checksum, counted[0].weights_checksum
-    f = Partitioning(counted=True, partitioned=counted[0].partitioned_tensors, tensors=counted[0].param_tensors,
-                     shards_ok=all(r.shard_check_ok for r in counted),
+    counts = counted[0].shards
+    f = Partitioning(counted=True, partitioned=counts.partitioned_tensors, tensors=counts.param_tensors,
+                     shards_ok=all(r.shards.shard_check_ok for r in counted),
                      stage0_partitioned=counted0[0] if counted0 else None,
                      same_weights=math.isclose(a, b, rel_tol=1e-9) if a is not None and b is not None else None,
                      world=counted[0].world_size)
-    whole = all(r.partitioned_tensors == r.param_tensors > 0 and r.shard_check_ok for r in counted)
+    whole = all(r.shards.partitioned_tensors == r.shards.param_tensors > 0 and r.shards.shard_check_ok for r in counted)
     return ("PASS" if whole and not any(counted0) and f.same_weights is not False else "FAIL"), f
 
 
@@ -85,9 +86,9 @@ def unmeasured_memory(dense: Results, zero3: Results) -> Optional[Memory]:
 def measured_memory(dense: Results, zero3: Results) -> Memory:
     """(b)'s figures of two runs that both counted their model states."""
     s0, s3 = most(r.model_state_bytes for r in dense), most(r.model_state_bytes for r in zero3)
-    ideal = most(r.predicted_model_state_bytes for r in dense) / most(r.predicted_model_state_bytes for r in zero3)
-    return Memory(states0=s0, states3=s3, peak0=most(r.peak_mem_bytes for r in dense),
-                  peak3=most(r.peak_mem_bytes for r in zero3), predicted_states_ratio=ideal,
+    ideal = most(r.predicted.states for r in dense) / most(r.predicted.states for r in zero3)
+    return Memory(states0=s0, states3=s3, peak0=most(r.peaks.peak_mem_bytes for r in dense),
+                  peak3=most(r.peaks.peak_mem_bytes for r in zero3), predicted_states_ratio=ideal,
                   states_ok=s3 <= MEMORY_SLACK * s0 / ideal, world=zero3[0].world_size,
                   on_gpu=zero3[0].mem_kind == "cuda")
 

@@ -15,8 +15,8 @@ out = {}
 for summary, r in records(LOGS):
     if not predictable(r): continue
     result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config or {})
-    peak = max(s.peak_mem_bytes for s in r.steps)
-    out[f"{summary.relative_to(LOGS)}|{r.run.run_label if hasattr(r.run,'run_label') else ''}|{r.rank}|s{r.run.stage}|G{r.world_size}|{r.run.model}|mb{r.run.micro_batch}|ck{r.run.checkpoint}|{r.run.dtype}|{r.run.engine}|{r.run.offload}"] = r.predicted_peak_bytes / peak - 1
+    peak = max(s.memory.peak_mem_bytes for s in r.steps)
+    out[f"{summary.relative_to(LOGS)}|{r.run.run_label if hasattr(r.run,'run_label') else ''}|{r.rank}|s{r.run.stage}|G{r.world_size}|{r.run.model}|mb{r.run.micro_batch}|ck{r.run.checkpoint}|{r.run.dtype}|{r.run.engine}|{r.run.offload}"] = r.predicted.peak / peak - 1
 for log in sorted((LOGS/'h200'/'29-live').glob("*/timeline_*.txt")) + sorted((LOGS/'h200'/'35-trace').glob("timeline_*.txt")):
     tag = log.stem.removeprefix("timeline_")
     summ = log.parent / "timeline" / f"{tag}_summary.txt"
@@ -25,7 +25,7 @@ for log in sorted((LOGS/'h200'/'29-live').glob("*/timeline_*.txt")) + sorted((LO
     if r.run.stage != 3 or r.world_size < 2 or r.run.dtype != "bf16": continue
     peak = float(summ.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
     result.add_predictions(r, t.PRESETS[r.run.model], t.LOSS_CHUNK, r.zero_config)
-    out["TIMELINE|" + str(log.relative_to(LOGS))] = r.predicted_peak_bytes / peak - 1
+    out["TIMELINE|" + str(log.relative_to(LOGS))] = r.predicted.peak / peak - 1
 json.dump(out, open(sys.argv[1], 'w'), indent=0)
 v = list(out.values())
 print(len(v), "max", max(v), "min", min(v), "median", statistics.median(v), "within2%", sum(abs(x) <= .02 for x in v), "over5%", {k: round(x,3) for k, x in out.items() if abs(x) > .05})
