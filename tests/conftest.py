@@ -67,29 +67,54 @@ def outcome(fixture, fixtures):
         return None, e
 
 
-def gpus_as_launched() -> int:
-    """The GPUs that torch sees in the environment the suite was started in, asked of a process of its own:
-    this one hides them."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                           capture_output=True, text=True, timeout=300, env=AS_LAUNCHED)
-    return int(probe.stdout.strip()) if probe.returncode == 0 else 0
+def gpus_as_launched() -> dict:
+    """{"gpus": the GPUs that torch sees in the environment the suite was started in, "why": why none, where
+    none}, asked of a process of its own (this one hides them). A probe that fails (a broken driver, a torch that
+    does not import) is no count of 0: its "why" says so, in its last line."""
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                               capture_output=True, text=True, timeout=300, env=AS_LAUNCHED)
+    except subprocess.TimeoutExpired:
+        return {"gpus": 0, "why": "the GPU probe (torch.cuda.device_count()) did not end in 300 s"}
+    if probe.returncode != 0 or not probe.stdout.strip().isdigit():
+        said = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"gpus": 0, "why": f"the GPU probe (torch.cuda.device_count()) failed, exit {probe.returncode}: {said}"}
+    gpus = int(probe.stdout.strip())
+    return {"gpus": gpus, "why": "" if gpus else "torch sees none on this machine"}
 
 
-GPUS_SEEN = "ZERO3_TESTS_GPUS"  # gpus_as_launched's count, made once for pytest-xdist's workers
+GPUS_SEEN = "ZERO3_TESTS_GPUS"  # gpus_as_launched's answer as JSON, made once for pytest-xdist's workers
+# =1: a test marked gpu fails, rather than skips, where gpus_as_launched finds none or its probe fails; for a
+# machine that has GPUs and must run those tests (the GPU runs set it: benchmarks/logs/h200/)
+REQUIRE_GPU = "ZERO3BENCH_REQUIRE_GPU"
+
+
+def gpus_seen() -> dict:
+    if GPUS_SEEN not in os.environ:
+        os.environ[GPUS_SEEN] = json.dumps(gpus_as_launched())
+    return json.loads(os.environ[GPUS_SEEN])
 
 
 def pytest_configure(config):
     """Under pytest-xdist the GPUs are counted once, before the workers start: each inherits the count rather
     than importing torch for it (16 workers on one H200's machine)."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        os.environ.setdefault(GPUS_SEEN, str(gpus_as_launched()))
+        gpus_seen()
 
 
 def pytest_collection_modifyitems(config, items):
     on_gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if on_gpu and not config.option.collectonly and not int(os.environ.get(GPUS_SEEN) or gpus_as_launched()):
+    if not on_gpu or config.option.collectonly or os.environ.get(REQUIRE_GPU) == "1":
+        return  # with REQUIRE_GPU, pytest_runtest_setup fails them instead
+    seen = gpus_seen()
+    if not seen["gpus"]:
         for item in on_gpu:
-            item.add_marker(pytest.mark.skip(reason="needs a GPU, and torch sees none on this machine"))
+            item.add_marker(pytest.mark.skip(reason=f"needs a GPU, and {seen['why']}"))
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and os.environ.get(REQUIRE_GPU) == "1" and not gpus_seen()["gpus"]:
+        pytest.fail(f"{REQUIRE_GPU}=1 requires a GPU, and {gpus_seen()['why']}", pytrace=False)
 
 
 def pytest_sessionfinish(session):
