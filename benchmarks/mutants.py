@@ -7,7 +7,8 @@ one at a time; the tests that hold that module run against it, and a mutant that
 mutmut and cosmic-ray rewrite the files and start the tests anew for each mutant; here the tests are imported
 once and each mutant runs in a fork of this process, whose function takes the mutated code (its __code__ and
 defaults swapped, so that every name bound to it sees the change), which is what makes about a thousand mutants
-fit in a quarter of an hour on two busy cores. Only launch-free tests run: a test that asks a launch fixture
+fit in a quarter of an hour on two busy cores; and each mutant runs only the tests that call its function (as
+the unmutated run traced them), each file's quickest first. Only launch-free tests run: a test that asks a launch fixture
 (conftest's @shared ones), is marked gpu, or took over 5 s unmutated is left out. A mutant whose tests run past
 TIMEOUT_S is killed (an endless loop). Mutants are keyed by module, function and the line's text, never by line
 number. Where the budget cannot hold every mutant, each module gets its share of the budget (by its count of
@@ -174,9 +175,27 @@ def plain(f):
 
 
 class Selection:
-    """A pytest plugin that keeps the launch-free tests, and, once timed, the quick ones."""
-    def __init__(self, launch_fixtures, slow=()):
+    """A pytest plugin that keeps the launch-free tests, and, once timed, the quick ones; given `codes` (a code
+    object -> the target function it belongs to), it records which of them each test calls (`calls`)."""
+    def __init__(self, launch_fixtures, slow=(), codes=None):
         self.launch_fixtures, self.slow, self.durations, self.failed = launch_fixtures, set(slow), {}, []
+        self.codes, self.calls, self.called = codes, {}, set()
+
+    def tracer(self, frame, event, arg):
+        hit = self.codes.get(frame.f_code)
+        if hit:
+            self.called.add(hit)
+        return None
+
+    def pytest_runtest_call(self, item):
+        if self.codes is not None:
+            self.called = set()
+            sys.settrace(self.tracer)
+
+    def pytest_runtest_teardown(self, item):
+        if self.codes is not None:
+            sys.settrace(None)
+            self.calls[item.nodeid] = self.calls.get(item.nodeid, set()) | self.called
 
     def pytest_collection_modifyitems(self, config, items):
         keep = [i for i in items if not (set(getattr(i, "fixturenames", ())) & self.launch_fixtures)
@@ -191,6 +210,7 @@ class Selection:
 
 
 def run_tests(files, selection, first_failure=True):
+    """pytest on these files or test ids, in their order."""
     import pytest
     args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "-o", "addopts=", *files]
     return pytest.main([*(["-x"] if first_failure else []), *args], plugins=[selection])
@@ -218,6 +238,25 @@ def in_a_fork(module_name, qualname, source, files, selection):
     os.kill(child, signal.SIGKILL)
     os.waitpid(child, 0)
     return "timeout"
+
+
+def codes_of(module):
+    """{code object: "module:qualname"} of every function of the module, its nested functions' code counted as
+    its outermost function's (as `functions` keys the mutants)."""
+    found = {}
+
+    def walk(code, name):
+        found[code] = name
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                walk(const, name)
+    for name, value in vars(module).items():
+        holders = vars(value).items() if isinstance(value, type) and value.__module__ == module.__name__ else []
+        for qualname, f in [(name, value), *((f"{name}.{k}", v) for k, v in holders)]:
+            f = plain(f) if callable(f) or isinstance(f, (property, staticmethod, classmethod)) else None
+            if getattr(f, "__code__", None) is not None and getattr(f, "__module__", None) == module.__name__:
+                walk(f.__code__, f"{module.__name__}:{qualname}")
+    return found
 
 
 def launch_fixtures():
@@ -249,7 +288,11 @@ def main():
     say = lambda line: (print(line, file=log, flush=True), log is not sys.stdout and print(line, flush=True))
     fixtures = launch_fixtures()
     files = sorted({f for fs in targets.values() for f in fs})
-    timing = Selection(fixtures)
+    codes = {}
+    for module_name in targets:
+        __import__(module_name)
+        codes.update(codes_of(sys.modules[module_name]))
+    timing = Selection(fixtures, codes=codes)  # timed, and what each test calls
     timed = time.monotonic()
     assert run_tests(files, timing, first_failure=False) == 0, f"the unmutated tests fail: {timing.failed}"
     slow = {t for t, s in timing.durations.items() if s > SLOWEST_S}
@@ -270,10 +313,17 @@ def main():
         left -= len(ms)
         ran = 0
         say(f"## {module_name}: {len(ms)} mutants; tests {' '.join(tfiles)}")
+        mine = [t for t in timing.durations if t not in slow and t.split("::")[0] in tfiles]
+        fastest = sorted(mine, key=lambda t: (tfiles.index(t.split("::")[0]), timing.durations[t]))
         for qualname, text, what, same, source in in_turns(ms):
             if time.monotonic() > deadline:
                 break
-            outcome = in_a_fork(module_name, qualname, source, tfiles, selection)
+            # the tests that call the function (all the module's tests for a constant), each file's quickest first
+            tests = [t for t in fastest if qualname == "<module>" or f"{module_name}:{qualname}" in timing.calls[t]]
+            if not tests:
+                outcome = "uncovered"
+            else:
+                outcome = in_a_fork(module_name, qualname, source, tests, selection)
             counts[outcome] = counts.get(outcome, 0) + 1
             ran += 1
             if outcome not in ("killed", "invalid"):
