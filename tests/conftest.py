@@ -67,29 +67,54 @@ def outcome(fixture, fixtures):
         return None, e
 
 
-def gpus_as_launched() -> int:
-    """The GPUs that torch sees in the environment the suite was started in, asked of a process of its own:
-    this one hides them."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                           capture_output=True, text=True, timeout=300, env=AS_LAUNCHED)
-    return int(probe.stdout.strip()) if probe.returncode == 0 else 0
+def gpus_as_launched() -> dict:
+    """{"gpus": the GPUs that torch sees in the environment the suite was started in, "why": why none, where
+    none}, asked of a process of its own (this one hides them). A probe that fails (a broken driver, a torch that
+    does not import) is no count of 0: its "why" says so, in its last line."""
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+                               capture_output=True, text=True, timeout=300, env=AS_LAUNCHED)
+    except subprocess.TimeoutExpired:
+        return {"gpus": 0, "why": "the GPU probe (torch.cuda.device_count()) did not end in 300 s"}
+    if probe.returncode != 0 or not probe.stdout.strip().isdigit():
+        said = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"gpus": 0, "why": f"the GPU probe (torch.cuda.device_count()) failed, exit {probe.returncode}: {said}"}
+    gpus = int(probe.stdout.strip())
+    return {"gpus": gpus, "why": "" if gpus else "torch sees none on this machine"}
 
 
-GPUS_SEEN = "ZERO3_TESTS_GPUS"  # gpus_as_launched's count, made once for pytest-xdist's workers
+GPUS_SEEN = "ZERO3_TESTS_GPUS"  # gpus_as_launched's answer as JSON, made once for pytest-xdist's workers
+# =1: a test marked gpu fails, rather than skips, where gpus_as_launched finds none or its probe fails; for a
+# machine that has GPUs and must run those tests (the GPU runs set it: benchmarks/logs/h200/)
+REQUIRE_GPU = "ZERO3BENCH_REQUIRE_GPU"
+
+
+def gpus_seen() -> dict:
+    if GPUS_SEEN not in os.environ:
+        os.environ[GPUS_SEEN] = json.dumps(gpus_as_launched())
+    return json.loads(os.environ[GPUS_SEEN])
 
 
 def pytest_configure(config):
     """Under pytest-xdist the GPUs are counted once, before the workers start: each inherits the count rather
     than importing torch for it (16 workers on one H200's machine)."""
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
-        os.environ.setdefault(GPUS_SEEN, str(gpus_as_launched()))
+        gpus_seen()
 
 
 def pytest_collection_modifyitems(config, items):
     on_gpu = [item for item in items if item.get_closest_marker("gpu")]
-    if on_gpu and not config.option.collectonly and not int(os.environ.get(GPUS_SEEN) or gpus_as_launched()):
+    if not on_gpu or config.option.collectonly or os.environ.get(REQUIRE_GPU) == "1":
+        return  # with REQUIRE_GPU, pytest_runtest_setup fails them instead
+    seen = gpus_seen()
+    if not seen["gpus"]:
         for item in on_gpu:
-            item.add_marker(pytest.mark.skip(reason="needs a GPU, and torch sees none on this machine"))
+            item.add_marker(pytest.mark.skip(reason=f"needs a GPU, and {seen['why']}"))
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and os.environ.get(REQUIRE_GPU) == "1" and not gpus_seen()["gpus"]:
+        pytest.fail(f"{REQUIRE_GPU}=1 requires a GPU, and {gpus_seen()['why']}", pytrace=False)
 
 
 def pytest_sessionfinish(session):
@@ -328,7 +353,8 @@ HUNG_TIMEOUT_S = 15  # train_gpt.py --timeout-s of the hung run
 def hung_rank(tmp_path_factory):
     """A 2-rank stage-3 run under the deepspeed launcher whose rank 1 is stopped (SIGSTOP) once step 3 is
     logged, as if it hung. Returns the launcher's exit status (None if it never ended), the seconds from the
-    stop to its end, and the log with rank 0's record."""
+    stop to its end, the log with rank 0's record, and its port's shared-memory buffers as rank 1 stopped and
+    after the end."""
     log = tmp_path_factory.mktemp("hung") / "stage3.log"
     port = free_port()
     ranks = []
@@ -346,12 +372,13 @@ def hung_rank(tmp_path_factory):
         [rank1] = [p for p in ranks if "--local_rank=1" in p.cmdline()]
         rank1.send_signal(signal.SIGSTOP)
         stopped = time.monotonic()
+        during = list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
         try:
             status = launcher.wait(timeout=HUNG_TIMEOUT_S + 120)
         except subprocess.TimeoutExpired:
             status = None
         return SimpleNamespace(status=status, seconds=time.monotonic() - stopped, log=log,
-                               records=json_results(log), buffers=list(
+                               records=json_results(log), buffers_during=during, buffers=list(
                                    Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*")))
     finally:
         for proc in ranks:
@@ -420,18 +447,26 @@ def default_signals():
 def run_sh_signalled(tmp_path_factory, name, act, *args):
     """`bash run.sh --steps 3000 ARGS` in a session of its own, and act(run_sh's Popen, results) once its rank 0
     has logged step 5; then the exit status, the seconds from act to run.sh's end, the output, the folder, the
-    run's processes still alive just after, and the shared-memory buffers of its port."""
+    run's processes still alive just after, and the shared-memory buffers of its port, just before act (as the
+    run holds them: the glob's positive control) and after."""
+    from zero3bench.launches import CPU_PROCESSES  # run.sh's ranks on a machine without GPUs
     results = tmp_path_factory.mktemp(name)
     out = results / "out.txt"
     with open(out, "w") as sink:
+        # LOCAL_SIZE as the deepspeed launcher sets it: DeepSpeed maps its CPU all-reduce's /dev/shm buffers only
+        # where LOCAL_SIZE is the world size (shm_interface.cpp), and run.sh's torchrun sets none, so that without
+        # it there would be no buffer for the run to leave
         proc = subprocess.Popen(["bash", "run.sh", "--steps", "3000", *args], cwd=ROOT, stdout=sink,
-                                stderr=subprocess.STDOUT, env={**os.environ, "RESULTS": str(results)},
+                                stderr=subprocess.STDOUT,
+                                env={**os.environ, "RESULTS": str(results), "LOCAL_SIZE": str(CPU_PROCESSES)},
                                 start_new_session=True, preexec_fn=default_signals)
     try:
         deadline = time.monotonic() + 600
         while "step 5/3000" not in out.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
             time.sleep(0.2)
+        [running] = [p for p in results.iterdir() if p.is_dir()]
+        during = shared_memory_of(running)
         acted = time.monotonic()
         act(proc, results)
         status = proc.wait(timeout=120)
@@ -442,13 +477,14 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
             leftover.kill()
     [folder] = [p for p in results.iterdir() if p.is_dir()]
     return SimpleNamespace(status=status, seconds=seconds, out=out.read_text(), folder=folder, alive=alive,
-                           buffers=shared_memory_of(folder))
+                           buffers_during=during, buffers=shared_memory_of(folder))
 
 
 def shared_memory_of(folder):
-    """DeepSpeed's CPU all-reduce buffers left in /dev/shm by the runs of a results folder, found by their port."""
-    port = re.search(r"--master_port[ =](\d+)", reading.read_command(next(folder.glob("*.log"))))[1]
-    return list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
+    """DeepSpeed's CPU all-reduce buffers in /dev/shm of the runs of a results folder, found by their ports: one
+    per rank, deepspeed_allreduce_buffer_{uid}_{master address}_{port}_{rank} (its shm.cpp)."""
+    ports = {re.search(r"--master_port[ =](\d+)", reading.read_command(log))[1] for log in folder.glob("*.log")}
+    return sorted(p for port in ports for p in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*"))
 
 
 @shared

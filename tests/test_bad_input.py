@@ -6,8 +6,12 @@ Most cases run train_gpt.main() in this process with `--check`, as rank 0 of a l
 milliseconds; a few run `python3 train_gpt.py` for real, to prove that no traceback reaches the terminal."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,9 +21,6 @@ import report
 import train_gpt
 from zero3bench.accounting.shapes import PRESETS
 from conftest import ROOT, assert_refused
-
-not_root = pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file, whatever its permissions")
-
 
 def fragments(message):
     return message if isinstance(message, tuple) else (message,)
@@ -412,20 +413,51 @@ def test_bad_data_is_refused_in_one_line(case, check, tmp_path):
 # -----------------------------------------------------------------------------
 # files this user may not read
 
-@not_root
-def test_a_config_without_read_permission_is_refused_in_one_line(check, tmp_path):
-    config = tmp_path / "config.json"
-    config.write_text("{}")
-    config.chmod(0)
-    assert_refused(check("--config", config), f"config {config} cannot be read: permission denied")
+def bound_by_permissions():
+    """The command before a process's own under which file permissions bind it. As a user other than root, none.
+    As root: runuser to nobody (as tests/test_launchers.py does) where nobody can run this Python; else setpriv,
+    root without the two capabilities by which it reads any file (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), where
+    this Python is in a folder that only root may enter (pyenv's, under a /root of mode 0700)."""
+    if os.geteuid() != 0:
+        return []
+    nobody = ["runuser", "-u", "nobody", "--"]
+    if shutil.which("runuser") and subprocess.run([*nobody, sys.executable, "-c", "import torch, deepspeed"],
+                                                  cwd=ROOT, capture_output=True, timeout=300).returncode == 0:
+        return nobody
+    dropped = "-dac_override,-dac_read_search"
+    if shutil.which("setpriv"):
+        return ["setpriv", f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--"]
+    pytest.skip("root here reads every file, and neither runuser nor setpriv can make a process that does not")
 
 
-@not_root
-def test_data_without_read_permission_is_refused_in_one_line(check, tmp_path):
-    data = tmp_path / "tokens.bin"
-    data.write_bytes(tokens(*range(256)) * 2)
-    data.chmod(0)
-    assert_refused(check("--data", data), f"--data {data}: cannot be read: permission denied")
+@pytest.fixture(scope="module")
+def unreadable():
+    """unreadable(name, content): a file of this content that no one may read, in a folder that anyone may enter
+    (pytest's own is root's alone), and the check of train_gpt.py as a process bound by its permissions."""
+    folder = Path(tempfile.mkdtemp(prefix="zero3-unreadable-"))
+    folder.chmod(0o755)
+    prefix = bound_by_permissions()
+
+    def check_unreadable(option, name, content):
+        path = folder / name
+        path.write_bytes(content)
+        path.chmod(0)
+        proc = subprocess.run([*prefix, sys.executable, "train_gpt.py", option, str(path), "--check"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+        return path, SimpleNamespace(status=proc.returncode, out=proc.stdout.splitlines(),
+                                     err=proc.stderr.splitlines())
+    yield check_unreadable
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_config_without_read_permission_is_refused_in_one_line(unreadable):
+    config, refused = unreadable("--config", "config.json", b"{}")
+    assert_refused(refused, f"config {config} cannot be read: permission denied")
+
+
+def test_data_without_read_permission_is_refused_in_one_line(unreadable):
+    data, refused = unreadable("--data", "tokens.bin", tokens(*range(256)) * 2)
+    assert_refused(refused, f"--data {data}: cannot be read: permission denied")
 
 
 # -----------------------------------------------------------------------------

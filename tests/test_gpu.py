@@ -126,11 +126,21 @@ def gpu_launches(tmp_path_factory):
 
 
 def launched(name):
-    """The fixture of a GPU launch (gpu_launches): waits for its end."""
+    """The fixture of a GPU launch (gpu_launches): waits for its end, and holds it to have ended 0 with every run's
+    record from each of its ranks, so that no test of it passes over a run that died before its RESULT line."""
     @pytest.fixture(scope="module", name=name)
     def fixture(gpu_launches):
-        return gpu_launches[name].result()
+        launch = gpu_launches[name].result()
+        assert launch.proc.returncode == 0, launch.proc.stdout[-3000:] + launch.proc.stderr[-3000:]
+        assert records_per_run(launch.runs) == {run: "one per rank" for run in launch.runs} != {}, launch.runs.keys()
+        return launch
     return fixture
+
+
+def records_per_run(runs):
+    """{run name: "one per rank" where it holds its world size's records, else how many it holds}."""
+    return {name: "one per rank" if rs and len(rs) == rs[0]["world_size"] == len({r["rank"] for r in rs}) else len(rs)
+            for name, rs in runs.items()}
 
 
 gpu_sweep, gpu_fp16, gpu_default = map(launched, GPU_LAUNCHES)

@@ -20,10 +20,13 @@ def test_a_signal_ends_every_process_within_10_s_with_128_plus_its_number(case, 
 
 @pytest.mark.parametrize("case", ["ctrl_c", "sigterm", "rank_killed"])
 def test_no_shared_memory_of_the_run_is_left(case, request):
-    assert request.getfixturevalue(case).buffers == []
+    run = request.getfixturevalue(case)
+    assert len(run.buffers_during) == 2, run.buffers_during  # the glob finds each rank's while the run holds them
+    assert run.buffers == []
 
 
 def test_no_shared_memory_is_left_after_a_timeout(hung_rank):
+    assert len(hung_rank.buffers_during) == 2, hung_rank.buffers_during  # as above
     assert hung_rank.buffers == []
 
 

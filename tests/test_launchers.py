@@ -39,8 +39,11 @@ def tiny_tensors():
 
 @pytest.fixture(scope="session")
 def engines():
-    """tests/launchers/start.sh: every engine up on this machine, or every real launch skipped, with why."""
+    """tests/launchers/start.sh: every engine up on this machine, or every real launch skipped, with why; failed
+    instead under ZERO3BENCH_REQUIRE_LAUNCHERS=1, which .ci/run sets where the engines should start."""
     why = real.start_engines()
+    if why and os.environ.get("ZERO3BENCH_REQUIRE_LAUNCHERS") == "1":
+        pytest.fail(f"ZERO3BENCH_REQUIRE_LAUNCHERS=1, and {why}", pytrace=False)
     if why:
         pytest.skip(why)
 

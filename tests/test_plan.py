@@ -11,7 +11,7 @@ import pytest
 
 import plan
 from zero3bench import parts
-from zero3bench.accounting import host, predict, timing, traffic
+from zero3bench.accounting import host, predict, timing
 from zero3bench.planning import cluster, inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,29 +73,48 @@ def test_model_states_give_every_cell_of_the_zero_papers_table_1(psi, nd, stage,
 
 # pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf), Tables 1 and 3: FSDP, Llama
 # 3.1 8B, local batch size 2, selective activation checkpointing, H100s, 400 Gb/s per GPU between hosts:
-# TPS/GPU and Memory (GiB) by number of GPUs.
+# TPS/GPU and Memory (GiB) by number of GPUs, for FSDP, FSDP + torch.compile and FSDP + torch.compile + Float8.
 TORCHTITAN = {8: (5762, 82.4), 128: (5605, 67.0)}
+TORCHTITAN_FASTER = {"compile": {8: 6667, 128: 6514}, "float8": {8: 8532, 128: 8380}}
+# The same page: "the 1D Llama 3.1 8B model training on 8 or 128 H100 GPUs without Float8 achieves 33% to 39% MFU"
+# against H100 SXM's 989 TFLOPS; 33% is plain FSDP's (its tokens/s are the lower, by 6667/5762 = 1.16 = 39/33).
+# torchtitan counts 6 FLOPs per parameter but its input embedding's, and 12·L·heads·head_dim·T for attention
+# (torchtitan/models/utils.py, get_num_flop_per_token), no recomputation.
+TORCHTITAN_MFU = 0.33
 # Llama 3.1 8B: its real parameter count (SwiGLU MLP of 14336, untied output), the shape for the activations
 # and the attention; torchtitan's training sequence is 8192 tokens.
 LLAMA_8B = dict(params=8_030_261_248, layers=32, d_model=4096, heads=32, vocab=128256, seq=8192)
 
 
 def torchtitan_plan(capsys):
-    """The plan as a user could ask for it: the MFU (PaLM's, the model's FLOPs) from the 8-GPU row's tokens/s,
-    H100 SXM's peak, 400 Gb/s links (the default)."""
-    per_token = timing.flops_per_token(LLAMA_8B["params"], LLAMA_8B["layers"], LLAMA_8B["d_model"], LLAMA_8B["seq"])
-    mfu = TORCHTITAN[8][0] * per_token / 989e12
+    """The plan as a user could ask for it, with torchtitan's published MFU, not one worked out from the tokens/s
+    this then checks: 33% of torchtitan's FLOPs per token, as a share of plan.py's, which counts every parameter
+    (PaLM's 6·N + 12·L·d·T; the recomputed forward is HFU's, not MFU's); H100 SXM's peak, 400 Gb/s links."""
+    n, layers, d, seq = (LLAMA_8B[k] for k in ("params", "layers", "d_model", "seq"))
+    torchtitans = 6 * (n - LLAMA_8B["vocab"] * d) + 12 * layers * d * seq
+    plans = 6 * n + 12 * layers * d * seq
     shape = [a for k, v in LLAMA_8B.items() for a in (f"--{k.replace('_', '-')}", v)]
     return rows(planned(capsys, *shape, "--stages", "fsdp2", "--gpus", 8, 128, "--micro-batch", 2, "--checkpoint",
-                        "--peak-tflops", 989, "--mfu", mfu), "fsdp2")
+                        "--peak-tflops", 989, "--mfu", TORCHTITAN_MFU * plans / torchtitans), "fsdp2")
 
 
-def test_torchtitans_tokens_per_gpu_fall_from_8_to_128_gpus_as_planned_within_2_points(capsys):
+def test_torchtitans_tokens_per_gpu_at_8_and_128_gpus_are_planned_from_its_published_mfu_within_3_percent(capsys):
+    # 3%: "33%" is given to two figures (±0.5 point, ±1.5%) and stands for both counts at once, whose tokens/s
+    # differ by 2.7% (±1.4% about their middle)
     planned_rows = torchtitan_plan(capsys)
-    published = TORCHTITAN[128][0] / TORCHTITAN[8][0]  # 0.973: -2.7%
-    efficiency = planned_rows[128]["scaling"]["overlapped"]  # the plan: 0.990
-    assert efficiency < 1 and abs(efficiency - published) <= 0.02
-    assert planned_rows[8]["tokens_per_s_per_gpu"]["overlapped"] == pytest.approx(TORCHTITAN[8][0], rel=0.01)
+    for gpus, (published, _) in TORCHTITAN.items():
+        assert planned_rows[gpus]["tokens_per_s_per_gpu"]["overlapped"] == pytest.approx(published, rel=0.03), gpus
+
+
+def test_torchtitans_fall_in_tokens_per_gpu_from_8_to_128_gpus_bounds_the_planned_one(capsys):
+    # The plan's fall is the communication that compute does not hide; torchtitan's is more, as its faster rows
+    # fall less (plain 2.7 points, compile 2.3, float8 1.8), which exposed communication alone cannot do: faster
+    # compute hides less of the same collectives. So plain FSDP's exposed communication is at most float8's, and
+    # that at most float8's whole fall: the planned fall lies above 0 and within the smallest published one.
+    planned_fall = 1 - torchtitan_plan(capsys)[128]["scaling"]["overlapped"]  # the plan: 1.0 point
+    published_falls = [1 - by[128] / by[8] for by in (dict((n, t) for n, (t, _) in TORCHTITAN.items()),
+                                                       *TORCHTITAN_FASTER.values())]
+    assert 0 < planned_fall <= min(published_falls)
 
 
 def test_torchtitans_memory_drop_from_8_to_128_gpus_is_planned_within_10_percent(capsys):
@@ -218,10 +237,12 @@ def test_a_measured_links_curve_is_read_at_each_collectives_call_size(capsys, tm
     (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage3": [r]}}))
     p = planned(capsys, "--from", tmp_path, "--stages", "3", "--gpus", 2)
     block = plan.resolve_model(plan.parse_args([])).block
-    busbw = traffic.read_curve({int(k): v for k, v in curve.items()}, 2 * block)
+    # the curve read log-linearly at a call's size (a block's 16-bit weights, 2 bytes each), and a 2-rank ring's
+    # all-gather sends half its bytes at that bus bandwidth; worked out here, not by traffic's and timing's functions
+    busbw = 20 * GB + (math.log(2 * block) - math.log(2**20)) / (math.log(2**30) - math.log(2**20)) * 280 * GB
     [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
     assert 20 * GB < busbw < 300 * GB
-    assert gather["s"] == pytest.approx(timing.ring_seconds("all_gather", gather["bytes"], 2, busbw))
+    assert gather["s"] == pytest.approx(gather["bytes"] / 2 / busbw)
 
 
 def test_a_bandwidth_given_stands_for_every_size_of_a_measured_curve(capsys, tmp_path):
@@ -229,7 +250,7 @@ def test_a_bandwidth_given_stands_for_every_size_of_a_measured_curve(capsys, tmp
     (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage3": [r]}}))
     p = planned(capsys, "--from", tmp_path, "--stages", "3", "--gpus", 2, "--intra-busbw-gbs", 100)
     [gather, *_] = [c for c in p["rows"][0]["comm"] if c["kind"] == "all_gather"]
-    assert gather["s"] == pytest.approx(timing.ring_seconds("all_gather", gather["bytes"], 2, 100 * GB))
+    assert gather["s"] == pytest.approx(gather["bytes"] / 2 / (100 * GB))  # a 2-rank ring sends half its bytes
 
 
 def test_json_into_a_closed_pipe_ends_quietly():

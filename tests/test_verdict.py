@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from zero3bench import options
 import report
-from zero3bench.reporting import tables, verdict
+from zero3bench.reporting import reading, tables, verdict
 import train_gpt
 from conftest import ROOT, planted
 
@@ -24,12 +24,22 @@ def test_the_first_steps_train_on_the_same_rows_and_later_steps_draw_fresh_ones(
     assert not (rows[0] == rows[3]).all() and not (rows[3] == rows[4]).all()
 
 
+# what the failing criterion says of a run that trained to its end with the fault: its figures, not "no result"
+FAULT_FIGURES = {"(c)": r"stage 3 \d+\.\d{3} -> \d+\.\d{3} -> \d+\.\d{3}",
+                 "(d)": r"stage3 \d+%/\d+%/\d+%; FAILED: stage3 not as promised$"}
+
+
 @pytest.mark.parametrize("fault, criterion", [("lr0", "(c)"), ("zero_grads", "(c)"), ("perturb_shard", "(c)"),
                                              ("keep_block", "(d)"), ("keep_gathered", "(d)")])
 def test_a_planted_fault_fails_the_verdict(fault, criterion, planted_faults, capsys):
+    # the run with the fault trained to its end on both ranks: a harness that crashed it would fail (d) too
+    stage3 = reading.load_runs(planted_faults[fault])["stage3"]
+    assert [(r.rank, len(r.steps)) for r in stage3] == [(rank, r.run.steps_planned) for rank, r in enumerate(stage3)]
+    assert len(stage3) == 2
     assert report.main([str(planted_faults[fault])]) == report.EXIT["FAIL"]
     out = capsys.readouterr().out
-    assert re.search(rf"FAIL  {re.escape(criterion)} ", out), out
+    [line] = [line for line in out.splitlines() if re.match(rf"\s*FAIL  {re.escape(criterion)} ", line)]
+    assert re.search(FAULT_FIGURES[criterion], line) and "no result" not in out, line
     assert "VERDICT: FAIL" in out
 
 

@@ -1,0 +1,339 @@
+"""Mutation testing of the pure modules with their fast tests: each mutant is one small change of one function
+(a comparison flipped, a constant changed, + and - or * and / swapped, and/or swapped, a `not` dropped), made
+one at a time; the tests that hold that module run against it, and a mutant that they all pass survives.
+
+    python3 benchmarks/mutants.py [--budget-s 900] [--only predict] [--log FILE]
+
+mutmut and cosmic-ray rewrite the files and start the tests anew for each mutant; here the tests are imported
+once and each mutant runs in a fork of this process, whose function takes the mutated code (its __code__ and
+defaults swapped, so that every name bound to it sees the change), which is what makes about a thousand mutants
+fit in a quarter of an hour on two busy cores; and each mutant runs only the tests that call its function (as
+the unmutated run traced them), each file's quickest first. Only launch-free tests run: a test that asks a launch fixture
+(conftest's @shared ones), is marked gpu, or took over 5 s unmutated is left out. A mutant whose tests run past
+TIMEOUT_S is killed (an endless loop). Mutants are keyed by module, function and the line's text, never by line
+number. Where the budget cannot hold every mutant, each module gets its share of the budget (by its count of
+mutants), and its mutants run in turns over its functions (each function's first, then each one's second, ...),
+so that those run where the time ran out are spread over every function.
+"""
+import argparse
+import ast
+import copy
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+TIMEOUT_S = 30
+
+# module -> its fast tests (the files that exercise it), the most killing first as -x stops at the first failure
+# (test_bad_input.py's --check cases and test_sharding.py also read the prediction, but cost 4 s a mutant more)
+ACCOUNTING = ["tests/test_golden.py", "tests/test_accounting.py", "tests/test_stages.py"]
+VERDICT = ["tests/test_golden.py", "tests/test_verdict.py", "tests/test_faults.py", "tests/test_summary.py",
+           "tests/test_verdict_off_default.py", "tests/test_training.py"]
+TARGETS = {
+    "zero3bench.accounting.predict": ACCOUNTING + ["tests/test_plan.py"],
+    "zero3bench.accounting.moments": ACCOUNTING,
+    "zero3bench.accounting.traffic": ["tests/test_comms.py", "tests/test_plan.py", "tests/test_golden.py"],
+    "zero3bench.reporting.verdict": VERDICT,
+    "zero3bench.reporting.bounds": VERDICT,
+    "zero3bench.reporting.losses": VERDICT,
+    "plan": ["tests/test_plan.py"],
+    "zero3bench.planning.inputs": ["tests/test_plan.py"],
+}
+SLOWEST_S = 5.0
+
+
+# -----------------------------------------------------------------------------
+# the mutations: (node type, what it becomes, its name)
+
+COMPARE = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+           ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+BINARY = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
+          ast.Pow: ast.Mult, ast.Mod: ast.Mult}
+BOOLEAN = {ast.And: ast.Or, ast.Or: ast.And}
+SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is",
+          ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
+          ast.Div: "/", ast.FloorDiv: "//", ast.Pow: "**", ast.Mod: "%", ast.And: "and", ast.Or: "or"}
+
+
+def changed_constant(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 1.5 if value else 1.0
+    return None
+
+
+def points(node):
+    """The mutations one node offers: (a description, a function that applies it to the node in place)."""
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            if type(op) in COMPARE:
+                yield (f"{SYMBOL[type(op)]} -> {SYMBOL[COMPARE[type(op)]]}",
+                       lambda n, i=i: n.ops.__setitem__(i, COMPARE[type(n.ops[i])]()))
+    elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in BINARY:
+        yield (f"{SYMBOL[type(node.op)]} -> {SYMBOL[BINARY[type(node.op)]]}",
+               lambda n: setattr(n, "op", BINARY[type(n.op)]()))
+    elif isinstance(node, ast.BoolOp):
+        yield (f"{SYMBOL[type(node.op)]} -> {SYMBOL[BOOLEAN[type(node.op)]]}",
+               lambda n: setattr(n, "op", BOOLEAN[type(n.op)]()))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+        yield ("not dropped" if isinstance(node.op, ast.Not) else "- dropped",
+               lambda n: setattr(n, "op", ast.UAdd()))
+    elif isinstance(node, ast.Constant) and changed_constant(node.value) is not None:
+        yield (f"{node.value!r} -> {changed_constant(node.value)!r}",
+               lambda n: setattr(n, "value", changed_constant(n.value)))
+
+
+def docstrings(tree):
+    return {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+
+
+def functions(tree):
+    """(qualname, node) of every function and method, the outermost only (a nested function is its parent's),
+    and ("<module>", node) of each assignment at the top of the module (its constants: bounds.py's)."""
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            yield "<module>", node
+        elif isinstance(node, ast.FunctionDef):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for inner in node.body:
+                if isinstance(inner, ast.FunctionDef):
+                    yield f"{node.name}.{inner.name}", inner
+
+
+def mutants(source):
+    """Every mutant of a module's source: (function, line's text, description, its index among the same
+    function, line and description, the mutated module's source)."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    skip = docstrings(tree)
+    found = []
+    for qualname, fn in functions(tree):
+        nodes = [n for n in ast.walk(fn) if id(n) not in skip and not isinstance(n, ast.JoinedStr)]
+        skip |= {id(c) for n in ast.walk(fn) if isinstance(n, ast.JoinedStr) for c in ast.walk(n)}
+        for n in nodes:
+            if id(n) in skip or (qualname != "<module>" and getattr(n, "lineno", fn.lineno) < fn.body[0].lineno):
+                continue  # f-strings' parts, and the signature (defaults, hints)
+            for what, apply in points(n):
+                text = lines[n.lineno - 1].strip()
+                twin = copy.deepcopy(tree)
+                [target] = [m for m in ast.walk(twin) if type(m) is type(n)
+                            and (m.lineno, m.col_offset, getattr(m, "end_col_offset", None)) ==
+                            (n.lineno, n.col_offset, getattr(n, "end_col_offset", None))]
+                apply(target)
+                same = sum(1 for f in found if f[:3] == (qualname, text, what))
+                found.append((qualname, text, what, same, ast.unparse(twin)))
+    return found
+
+
+# -----------------------------------------------------------------------------
+# running the tests against one mutant, in a fork
+
+def swapped(module, qualname, source):
+    """The module's function `qualname` given the code of its mutant in `source` (its __code__ and defaults)."""
+    space = {"__name__": module.__name__, "__file__": module.__file__, "__builtins__": __builtins__}
+    if getattr(module, "__package__", None):
+        space["__package__"] = module.__package__
+    exec(compile(source, module.__file__, "exec"), space)
+    if qualname == "<module>":  # a constant: rebound here and wherever it was imported by name
+        for name, value in space.items():
+            was = module.__dict__.get(name, value)
+            if isinstance(value, (int, float, str, tuple, frozenset, dict, list)) and value != was:
+                for other in list(sys.modules.values()):
+                    if getattr(other, name, None) is was:
+                        setattr(other, name, value)
+        return
+    old, new = module, space
+    for part in qualname.split("."):
+        old, new = attribute(old, part), (new[part] if isinstance(new, dict) else attribute(new, part))
+    old, new = plain(old), plain(new)
+    old.__code__, old.__defaults__, old.__kwdefaults__ = new.__code__, new.__defaults__, new.__kwdefaults__
+
+
+def attribute(holder, name):
+    value = holder.__dict__[name] if hasattr(holder, "__dict__") and name in holder.__dict__ else getattr(holder, name)
+    return value
+
+
+def plain(f):
+    """The function under a property, staticmethod, classmethod or functools wrapper."""
+    f = f.fget if isinstance(f, property) else f
+    f = f.__func__ if isinstance(f, (staticmethod, classmethod)) else f
+    while hasattr(f, "__wrapped__"):
+        f = f.__wrapped__
+    return f
+
+
+class Selection:
+    """A pytest plugin that keeps the launch-free tests, and, once timed, the quick ones; given `codes` (a code
+    object -> the target function it belongs to), it records which of them each test calls (`calls`)."""
+    def __init__(self, launch_fixtures, slow=(), codes=None):
+        self.launch_fixtures, self.slow, self.durations, self.failed = launch_fixtures, set(slow), {}, []
+        self.codes, self.calls, self.called = codes, {}, set()
+
+    def tracer(self, frame, event, arg):
+        hit = self.codes.get(frame.f_code)
+        if hit:
+            self.called.add(hit)
+        return None
+
+    def pytest_runtest_call(self, item):
+        if self.codes is not None:
+            self.called = set()
+            sys.settrace(self.tracer)
+
+    def pytest_runtest_teardown(self, item):
+        if self.codes is not None:
+            sys.settrace(None)
+            self.calls[item.nodeid] = self.calls.get(item.nodeid, set()) | self.called
+
+    def pytest_collection_modifyitems(self, config, items):
+        keep = [i for i in items if not (set(getattr(i, "fixturenames", ())) & self.launch_fixtures)
+                and not i.get_closest_marker("gpu") and i.nodeid not in self.slow]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
+
+    def pytest_runtest_logreport(self, report):
+        self.durations[report.nodeid] = self.durations.get(report.nodeid, 0) + report.duration
+        if report.failed:
+            self.failed.append(report.nodeid)
+
+
+def run_tests(files, selection, first_failure=True):
+    """pytest on these files or test ids, in their order."""
+    import pytest
+    args = ["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--no-header", "-o", "addopts=", *files]
+    return pytest.main([*(["-x"] if first_failure else []), *args], plugins=[selection])
+
+
+def in_a_fork(module_name, qualname, source, files, selection):
+    """'killed', 'survived', 'timeout', or 'invalid' where the mutated module does not run: the tests against
+    the mutant, in a child process."""
+    child = os.fork()
+    if child == 0:
+        try:
+            sys.stdout.flush()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1), os.dup2(devnull, 2)
+            swapped(sys.modules[module_name], qualname, source)
+        except BaseException:  # noqa: BLE001 -- a mutant that cannot even be made (a tuple less a tuple)
+            os._exit(3)
+        os._exit(0 if run_tests(files, selection) == 0 else 1)
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            return {0: "survived", 3: "invalid"}.get(os.waitstatus_to_exitcode(status), "killed")
+        time.sleep(0.02)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    return "timeout"
+
+
+def codes_of(module):
+    """{code object: "module:qualname"} of every function of the module, its nested functions' code counted as
+    its outermost function's (as `functions` keys the mutants)."""
+    found = {}
+
+    def walk(code, name):
+        found[code] = name
+        for const in code.co_consts:
+            if hasattr(const, "co_code"):
+                walk(const, name)
+    for name, value in vars(module).items():
+        holders = vars(value).items() if isinstance(value, type) and value.__module__ == module.__name__ else []
+        for qualname, f in [(name, value), *((f"{name}.{k}", v) for k, v in holders)]:
+            f = plain(f) if callable(f) or isinstance(f, (property, staticmethod, classmethod)) else None
+            if getattr(f, "__code__", None) is not None and getattr(f, "__module__", None) == module.__name__:
+                walk(f.__code__, f"{module.__name__}:{qualname}")
+    return found
+
+
+def launch_fixtures():
+    """conftest's @shared fixtures, each a launch, and the fixtures built on them that the tests name."""
+    text = (TESTS / "conftest.py").read_text()
+    return set(re.findall(r"@shared\ndef (\w+)", text)) | {"stage0", "stage3", "gpu_launches", "engines"}
+
+
+def in_turns(ms):
+    """Each function's first mutant, then each one's second, and so on."""
+    by_function = {}
+    for m in ms:
+        by_function.setdefault(m[0], []).append(m)
+    turns = max(len(fn) for fn in by_function.values())
+    return [fn[i] for i in range(turns) for fn in by_function.values() if i < len(fn)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--budget-s", type=float, default=900, help="the mutants' seconds, after the unmutated run")
+    ap.add_argument("--only", default="", help="the targets whose name holds this")
+    ap.add_argument("--log", default="")
+    args = ap.parse_args()
+    os.chdir(ROOT)
+    sys.path[:0] = [str(ROOT), str(TESTS)]
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    targets = {m: files for m, files in TARGETS.items() if args.only in m}
+    log = open(args.log, "w") if args.log else sys.stdout
+    say = lambda line: (print(line, file=log, flush=True), log is not sys.stdout and print(line, flush=True))
+    fixtures = launch_fixtures()
+    files = sorted({f for fs in targets.values() for f in fs})
+    codes = {}
+    for module_name in targets:
+        __import__(module_name)
+        codes.update(codes_of(sys.modules[module_name]))
+    timing = Selection(fixtures, codes=codes)  # timed, and what each test calls
+    timed = time.monotonic()
+    assert run_tests(files, timing, first_failure=False) == 0, f"the unmutated tests fail: {timing.failed}"
+    slow = {t for t, s in timing.durations.items() if s > SLOWEST_S}
+    say(f"# unmutated: {len(timing.durations)} launch-free tests of {len(files)} files pass in "
+        f"{time.monotonic() - timed:.0f} s; {len(slow)} over {SLOWEST_S} s left out: {sorted(slow)}")
+    started = time.monotonic()  # the budget is the mutants'; the unmutated run above comes before it
+    selection = Selection(fixtures, slow)
+    plans = {}
+    for module_name, tfiles in targets.items():
+        __import__(module_name)
+        module = sys.modules[module_name]
+        plans[module_name] = (tfiles, mutants(Path(module.__file__).read_text()))
+    left = sum(len(ms) for _, ms in plans.values())
+    say(f"# {left} mutants over {len(plans)} modules, within {args.budget_s:.0f} s")
+    counts = {}
+    for module_name, (tfiles, ms) in plans.items():
+        deadline = time.monotonic() + (args.budget_s - (time.monotonic() - started)) * len(ms) / left
+        left -= len(ms)
+        ran = 0
+        say(f"## {module_name}: {len(ms)} mutants; tests {' '.join(tfiles)}")
+        mine = [t for t in timing.durations if t not in slow and t.split("::")[0] in tfiles]
+        fastest = sorted(mine, key=lambda t: (tfiles.index(t.split("::")[0]), timing.durations[t]))
+        for qualname, text, what, same, source in in_turns(ms):
+            if time.monotonic() > deadline:
+                break
+            # the tests that call the function (all the module's tests for a constant), each file's quickest first
+            tests = [t for t in fastest if qualname == "<module>" or f"{module_name}:{qualname}" in timing.calls[t]]
+            if not tests:
+                outcome = "uncovered"
+            else:
+                outcome = in_a_fork(module_name, qualname, source, tests, selection)
+            counts[outcome] = counts.get(outcome, 0) + 1
+            ran += 1
+            if outcome not in ("killed", "invalid"):
+                say(f"{outcome.upper()}  {module_name}:{qualname}  {what}" + (f" (#{same + 1})" if same else "") +
+                    f"  in: {text}")
+        say(f"## {module_name}: {ran} of {len(ms)} run" + ("" if ran == len(ms) else
+                                                            ", in turns over its functions, as the time ran out"))
+    say(f"# {sum(counts.values())} mutants run in {time.monotonic() - started:.0f} s: " +
+        ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+
+
+if __name__ == "__main__":
+    main()
