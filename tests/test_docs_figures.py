@@ -94,7 +94,7 @@ FIGURES = [
            r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
     Figure('"expected {} less or better: theory predicts {} less" for the 2-H200 run above', f"report.py {H200X2}",
            r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
-    Figure("theory's ratio for the two runs (`predict.rank_memory`) divided by {}.", f"report.py {H200X2}",
+    Figure("theory's ratio for the two runs (`memory.rank_memory`) divided by {}.", f"report.py {H200X2}",
            r"stage 3 may hold up to ([\d.]+)x its predicted share", command=True),
 ]
 

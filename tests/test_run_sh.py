@@ -159,7 +159,7 @@ def test_the_1_3b_model_must_be_below_8_by_step_3(third, verdict, run_sh, tmp_pa
 
 @pytest.mark.parametrize("stage3_peak_gib, verdict", [(13, 1), (11.5, 0)])
 def test_on_gpus_the_peak_must_fall_as_far_as_theory_predicts(stage3_peak_gib, verdict, run_sh, tmp_path, capsys):
-    # the 1.3b model at the fixture's ranks: (b) expects theory's ratio (predict.rank_memory) / PEAK_SLACK or better,
+    # the 1.3b model at the fixture's ranks: (b) expects theory's ratio (memory.rank_memory) / PEAK_SLACK or better,
     # 1.93x at 2 ranks, between the two planted peaks
     def on_gpu(peak_gib):
         # a whole number of bytes, as a rank writes it: a float there leaves the rank unaccounted (reading.mistyped)

@@ -146,7 +146,7 @@ def say_memory(f: Memory) -> str:
     if f.no_theory is not None:
         return text + f"; no prediction for the model {f.no_theory}, so the peak is not judged)"
     return text + (f", expected {change(1, 1 / f.expected_peak_ratio)} or better{'' if f.peak_ok else ': MISSED'}: "
-                   f"theory predicts {change(1, 1 / f.predicted_peak_ratio)} for these two runs (predict.rank_memory), "
+                   f"theory predicts {change(1, 1 / f.predicted_peak_ratio)} for these two runs (memory.rank_memory), "
                    f"and stage 3 may hold up to {PEAK_SLACK:g}x its predicted share)")
 
 
