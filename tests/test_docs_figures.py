@@ -59,7 +59,7 @@ FIGURES = [
            r'"report_s": [\d.]+,\s*"total_s": ([\d.]+)', lambda s: (str(round(float(s))),)),
     Figure("Run the tests: {} on 2 CPU cores, {} passed and {} skipped", CPU_CI,
            r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (*minutes_seconds(t), p, s)),
-    Figure("{} s on one H200's 16 cores, {} passed and {} skipped", LOGS + "h200/33-suite/tests.txt",
+    Figure("{} s on one H200's 16 cores, {} passed and {} skipped", LOGS + "h200/37-suite/tests.txt",
            r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (str(round(float(t))), p, s)),
     # the answer on 2 H200s
     Figure("| DeepSpeed stage 0 | {} GiB | {} GiB | {} |", H200X2 + "/report.txt",
@@ -86,7 +86,7 @@ FIGURES = [
            + "h200/25-oldest/default/full-0.19.3/20261201-142019-mAuG/summary.md",
            r"^# ZeRO benchmark: (\w+)[\s\S]*^\| torch \| ([\d.]+)\+\w+ \|\n\| deepspeed \| ([\d.]+) \|",
            lambda verdict, torch, ds: (torch, ds, verdict)),
-    Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/33-suite/tests.txt",
+    Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/37-suite/tests.txt",
            r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*^(\d+) passed"),
     Figure("(Slurm, Open MPI {}, pdsh, sshd", LOGS + "cpu/launchers/start.txt", r"mpirun \(Open MPI\) ([\d.]+)$"),
     # what the code works out: (b)'s expectation, from today's report.py on the two runs
