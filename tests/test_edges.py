@@ -62,3 +62,10 @@ def test_a_ranges_end_is_written_whole_below_1e9_and_as_a_float_else():
     assert inputs.number(1_048_576) == "1,048,576"
     assert inputs.number(1.5) == "1.5"
     assert inputs.number(1e9) == "1e+09"
+
+
+def test_a_plan_counts_the_nodes_its_gpus_fill_rounding_up(capsys):
+    import json
+    import plan
+    plan.main(["--gpus", "8", "9", "--gpus-per-node", "8", "--stages", "3", "--json"])
+    assert [r["nodes"] for r in json.loads(capsys.readouterr().out)["rows"]] == [1, 2]
