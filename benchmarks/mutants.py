@@ -37,12 +37,14 @@ VERDICT = ["tests/test_golden.py", "tests/test_verdict.py", "tests/test_faults.p
 TARGETS = {
     "zero3bench.accounting.predict": ACCOUNTING + ["tests/test_plan.py"],
     "zero3bench.accounting.moments": ACCOUNTING,
+    "zero3bench.accounting.memory": ACCOUNTING + ["tests/test_plan.py"],
     "zero3bench.accounting.traffic": ["tests/test_comms.py", "tests/test_plan.py", "tests/test_golden.py"],
     "zero3bench.reporting.verdict": VERDICT,
     "zero3bench.reporting.bounds": VERDICT,
     "zero3bench.reporting.losses": VERDICT,
     "plan": ["tests/test_plan.py"],
-    "zero3bench.planning.inputs": ["tests/test_plan.py"],
+    "zero3bench.planning.inputs": ["tests/test_plan.py", "tests/test_plan_inputs.py"],
+    "zero3bench.planning.cluster": ["tests/test_plan.py", "tests/test_plan_inputs.py"],
 }
 SLOWEST_S = 5.0
 

@@ -2,7 +2,7 @@
 kills the surviving mutants named in benchmarks/logs/cpu/mutants/survivors.md. No launch."""
 import math
 
-from zero3bench.accounting import moments, predict
+from zero3bench.accounting import predict
 from zero3bench.planning import inputs
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
@@ -54,8 +54,8 @@ def test_at_stage_1_a_tensor_no_larger_than_the_bucket_is_not_reduced_on_its_own
     bucket = 100
     zero = {"reduce_bucket_size": bucket}
     alone = [[bucket + 1, 1]]  # one rank's groups of gradient sizes
-    assert moments.stage1_reduction_elems(alone, 1, 0, zero) >= 2 * (bucket + 1)
-    assert moments.stage1_reduction_elems([[bucket, 1]], 1, 0, zero) < 2 * bucket
+    assert predict.stage1_reduction_elems(alone, 1, 0, zero) >= 2 * (bucket + 1)
+    assert predict.stage1_reduction_elems([[bucket, 1]], 1, 0, zero) < 2 * bucket
 
 
 def test_a_ranges_end_is_written_whole_below_1e9_and_as_a_float_else():
