@@ -53,6 +53,8 @@ def shared(fixture):
             if not made.exists():
                 made.write_bytes(pickle.dumps(outcome(fixture, fixtures)))
         value, error = pickle.loads(made.read_bytes())
+        if isinstance(error, str):
+            pytest.skip(error)
         if error is not None:
             raise error
         return value
@@ -60,9 +62,12 @@ def shared(fixture):
 
 
 def outcome(fixture, fixtures):
-    """(value, None) or (None, the exception it raised, a skip among them)."""
+    """(value, None) or (None, the exception it raised); a skip as its reason alone, as pytest's Skipped does not
+    pickle (its class names builtins as its module)."""
     try:
         return fixture(**fixtures), None
+    except pytest.skip.Exception as e:
+        return None, str(e.msg)
     except BaseException as e:  # noqa: BLE001 -- every worker that asks must see the same outcome
         return None, e
 
