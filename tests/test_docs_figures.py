@@ -21,7 +21,7 @@ README = ROOT / "README.md"
 LOGS = "benchmarks/logs/"
 H200_DEFAULT = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125033-TaPl"
 H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
-CPU_CI = LOGS + "cpu/ci/readme-final-8f4de6e.txt"
+CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-5183904.txt"
 
 
 @dataclass(frozen=True)
