@@ -27,7 +27,8 @@ from zero3bench.formatting import quiet_when_closed
 from zero3bench.options import BadInput
 from zero3bench.planning import cluster, inputs, output
 from zero3bench.planning.cluster import SETUPS, Inputs, Model
-from zero3bench.planning.inputs import ASSUMED, SPANS, Folder, between, hfu_per_mfu, number
+from zero3bench.accounting.timing import hfu_per_mfu
+from zero3bench.planning.inputs import ASSUMED, SPANS, Folder, between, number
 
 # The ranges of the numbers: what the arithmetic holds and what is physically meaningful.
 MAX_PARAMS = 1e14  # 50x the largest dense model trained

@@ -202,11 +202,11 @@ class RankResult:
 
     def hfu_at(self, seconds: float | None) -> float | None:
         """The hardware's FLOPs over its peak in a step of this many seconds: the MFU with checkpointing's
-        recomputed forward counted (timing.pass_flops); None without checkpointing, where it is the MFU."""
+        recomputed forward counted (timing.hfu_per_mfu); None without checkpointing, where it is the MFU."""
         tflops = self.tflops_at(seconds)
         if not (self.run.checkpoint and tflops and self.peak_tflops):
             return None
-        return tflops / self.peak_tflops * sum(timing.pass_flops(1.0, True).values())
+        return tflops / self.peak_tflops * timing.hfu_per_mfu(True)
 
     @property
     def hfu(self) -> float | None:

@@ -58,6 +58,12 @@ def pass_flops(flops: float, checkpoint: bool) -> dict[str, float]:
     return {"forward": flops / 3, "backward": 2 * flops / 3 + (flops / 3 if checkpoint else 0)}
 
 
+def hfu_per_mfu(checkpoint: bool) -> float:
+    """The hardware's FLOPs per FLOP of the model, as pass_flops counts them: 4/3 with checkpointing, whose
+    recomputed forward PaLM's MFU does not count and the hardware FLOPs utilization (HFU) does; else 1."""
+    return sum(pass_flops(1.0, checkpoint).values())
+
+
 def step_seconds(compute: dict[str, float], comm: list[tuple[str, float]], layers: int | None) -> dict[str, float]:
     """A step's time, serial (compute, then every collective) and overlapped: each pass takes the longer of its
     compute and its collectives, but one layer's share of those, which nothing hides (the first gather is

@@ -13,7 +13,8 @@ from zero3bench.accounting import host, predict, timing, traffic
 from zero3bench.accounting.memory import Counts, MemoryTerms, Seat, rank_memory
 from zero3bench.accounting.shapes import ModelShape
 from zero3bench.options import run_from
-from zero3bench.planning.inputs import Calibration, hfu_per_mfu
+from zero3bench.accounting.timing import hfu_per_mfu
+from zero3bench.planning.inputs import Calibration
 
 DTYPE = "bf16"  # the plan is of 16-bit training, the precision the peak FLOP/s are for
 WIDTH = predict.WIDTH[DTYPE]

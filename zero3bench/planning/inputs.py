@@ -105,12 +105,6 @@ def number(x: float) -> str:
     return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e9 else f"{x:g}"
 
 
-def hfu_per_mfu(checkpoint: bool) -> float:
-    """The hardware's FLOPs per FLOP of the model, as timing.pass_flops counts them: 4/3 with checkpointing, whose
-    recomputed forward PaLM's MFU does not count and the hardware FLOPs utilization (HFU) does; else 1."""
-    return sum(timing.pass_flops(1.0, checkpoint).values())
-
-
 # -----------------------------------------------------------------------------
 # a results folder's records, checked for what plan.py reads of them
 
@@ -265,7 +259,7 @@ def calibration(runs: dict[str, list[RankResult]], path: Path) -> Calibration | 
             r = rs[0]
             checkpoint = bool(r.run.checkpoint)
             mfu, steps = steady
-            hfu = mfu * hfu_per_mfu(checkpoint)
+            hfu = mfu * timing.hfu_per_mfu(checkpoint)
             span = SPANS["mfu"]
             if not (span.low <= mfu and hfu <= span.high):
                 raise BadInput(f"--from {path}: results.{name}: its steady steps reach MFU {mfu:.3g} (HFU {hfu:.3g}), "
