@@ -26,11 +26,15 @@ def seat(r: RankResult) -> Seat:
                 deepspeed_adam=r.optimizer == predict.DEEPSPEED_ADAM)
 
 
+def partition(r: RankResult) -> float:
+    """This rank's partition of the model, as its stage splits it (predict.shard_elems) from what it counted."""
+    return predict.shard_elems(r.run.stage, r.shards.params_total, r.shards.local_param_elems, r.world_size)
+
+
 def counted(r: RankResult, shape: ModelShape) -> Counts:
     """What the rank counted of the model's parameters: the shape's blocks, its own partition and largest tensor."""
     c = r.shards
-    shard = predict.shard_elems(r.run.stage, c.params_total, c.local_param_elems, r.world_size)
-    return Counts(c.params_total, c.largest_param_elems, shape.block_params, shape.root_params, shard,
+    return Counts(c.params_total, c.largest_param_elems, shape.block_params, shape.root_params, partition(r),
                   c.persistent_elems)
 
 
@@ -53,8 +57,7 @@ def add_shares(r: RankResult) -> None:
     the prediction also holds what DeepSpeed keeps beyond them."""
     run, c = r.run, r.shards
     whole = predict.model_states(run.stage, run.dtype, c.params_total, c.params_total, engine=run.engine)
-    shard = predict.shard_elems(run.stage, c.params_total, c.local_param_elems, r.world_size)
-    paper = predict.model_states(run.stage, run.dtype, c.params_total, shard, c.persistent_elems, run.engine)
+    paper = predict.model_states(run.stage, run.dtype, c.params_total, partition(r), c.persistent_elems, run.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
     r.promised_fraction = predict.shares(paper, whole)
     straddling = 2 * c.largest_param_elems / c.params_total

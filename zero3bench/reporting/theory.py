@@ -6,7 +6,7 @@ formula that train_gpt.py --check, the plan and each RESULT's predicted peak use
 from zero3bench.accounting import host, predict
 from zero3bench.accounting.memory import Counts, rank_memory
 from zero3bench.accounting.shapes import PRESETS
-from zero3bench.finishing import seat
+from zero3bench.finishing import partition, seat
 from zero3bench.result import RankResult
 
 # (b) expects stage 3's peak to fall against stage 0's as memory.rank_memory predicts for the two runs, and stage
@@ -39,6 +39,5 @@ def predicted_host_peak(r: RankResult) -> float | None:
     shape = PRESETS.get(r.run.model)
     if shape is None or not r.zero_config or r.mem_kind != "cuda" or r.shards.params_total is None:
         return None
-    shard = predict.shard_elems(r.run.stage, r.shards.params_total, r.shards.local_param_elems, r.world_size)
-    return host.host_peak_bytes(r.run.stage, predict.WIDTH[r.run.dtype], r.world_size, shard, r.zero_config, shape,
-                                r.shards.params_total, bool(r.rehearsal))
+    return host.host_peak_bytes(r.run.stage, predict.WIDTH[r.run.dtype], r.world_size, partition(r), r.zero_config,
+                                shape, r.shards.params_total, bool(r.rehearsal))
