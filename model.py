@@ -1,6 +1,7 @@
 """
 The model: GPT-2/3 style, pre-LayerNorm, learned positions, tied input and output embedding. Its shapes
-(PRESETS) are in zero3bench/accounting/shapes.py, torch-free, so that plan.py reads the same ones.
+(PRESETS) are in zero3bench/accounting/shapes.py, torch-free, so that plan.py reads the same ones. A Hugging Face
+model (--model CONFIG) is trained through HuggingFace below, with the GPT's loss.
 """
 import math
 
@@ -75,7 +76,19 @@ def summed_cross_entropy(logits, targets):
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 
+def mean_loss(logits, targets):
+    """The mean cross-entropy of logits (rows, vocabulary) in fp32, a chunk of rows at a time and recomputed in
+    backward: whole, the fp32 logits, their log-softmax and its gradient would hold 12 bytes per logit, which no
+    ZeRO stage partitions."""
+    rows = zip(logits.split(LOSS_CHUNK), targets.flatten().split(LOSS_CHUNK))
+    total = sum(torch.utils.checkpoint.checkpoint(summed_cross_entropy, *pair, use_reentrant=False)
+                for pair in rows)
+    return total / targets.numel()
+
+
 class GPT(nn.Module):
+    block_class = Block  # what ZeRO-3 gathers whole (train_gpt.build_engine)
+
     def __init__(self, shape, checkpoint=False):
         super().__init__()
         self.shape, self.checkpoint = shape, checkpoint
@@ -96,13 +109,24 @@ class GPT(nn.Module):
 
     def loss(self, x, targets):
         """The mean loss of the blocks' output x: the final LayerNorm, the output layer and the cross-entropy."""
-        logits = self.lm_head(self.ln_f(x)).flatten(0, 1)
-        # the loss in fp32, a chunk of rows at a time and recomputed in backward: whole, the fp32 logits, their
-        # log-softmax and its gradient would hold 12 bytes per logit, which no ZeRO stage partitions
-        rows = zip(logits.split(LOSS_CHUNK), targets.flatten().split(LOSS_CHUNK))
-        total = sum(torch.utils.checkpoint.checkpoint(summed_cross_entropy, *pair, use_reentrant=False)
-                    for pair in rows)
-        return total / targets.numel()
+        return mean_loss(self.lm_head(self.ln_f(x)).flatten(0, 1), targets)
+
+    def flops_per_token(self, params, seq):
+        return timing.flops_per_token(params, self.shape.layers, self.shape.d_model, seq)
+
+
+class HuggingFace(nn.Module):
+    """A Hugging Face causal language model (zero3bench/hf.py builds it), trained as the GPT is: its own forward
+    gives the logits (its norms, its output layer and whatever it does to the logits), and mean_loss their loss, so
+    that both models' losses hold the same memory. The KV cache is off."""
+
+    def __init__(self, model, shape, block_class, deepspeed_config=None):
+        super().__init__()
+        self.hf, self.shape, self.block_class = model, shape, block_class
+        self.deepspeed_config = deepspeed_config  # HfDeepSpeedConfig, alive as long as the model (hf.build)
+
+    def forward(self, idx, targets):
+        return mean_loss(self.hf(input_ids=idx, use_cache=False).logits.flatten(0, 1), targets)
 
     def flops_per_token(self, params, seq):
         return timing.flops_per_token(params, self.shape.layers, self.shape.d_model, seq)

@@ -24,12 +24,12 @@ import psutil
 import torch
 from deepspeed import comm as dist
 
-from zero3bench import compat, exits, finishing, fsdp2, machine, options, parts, rank_lines, result, stages
-from zero3bench.inputs import prediction_line, resolve
+from zero3bench import compat, exits, finishing, fsdp2, hf, machine, options, parts, rank_lines, result, stages
+from zero3bench.inputs import chosen, prediction_line, resolve
 from zero3bench.accounting import comms, measure
-from zero3bench.accounting.shapes import PRESETS
+from zero3bench.accounting.shapes import PRESETS, as_record
 from zero3bench.formatting import START, log, phase
-from model import DTYPES, GPT, Block
+from model import DTYPES, GPT, HuggingFace
 
 IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
 
@@ -193,14 +193,26 @@ def init_distributed(timeout_s):
 
 def build_model(run, config, device):
     """Build the model on the device in the training dtype: at stage 3 inside zero.Init, which partitions each
-    parameter as its module is built, so no rank ever holds the whole model; FSDP2 shards it once it is whole."""
+    parameter as its module is built, so no rank ever holds the whole model; FSDP2 shards it once it is whole.
+    A Hugging Face model is built by transformers (hf.build), which enters zero.Init itself. Returns the model and
+    how it was built (parts.Built)."""
     torch.manual_seed(run.seed)
     torch.set_default_dtype(DTYPES[run.dtype])  # zero.Init creates this dtype too: the same init values
     zero3 = stages.shards_params(run.stage) and run.engine == "deepspeed"
-    with deepspeed.zero.Init(config_dict_or_path=config) if zero3 else torch.device(device):
-        model = GPT(PRESETS[run.model], checkpoint=run.checkpoint)
+    shape, hf_config = chosen(run.model)
+    if hf_config is None:
+        with deepspeed.zero.Init(config_dict_or_path=config) if zero3 else torch.device(device):
+            model = GPT(shape, checkpoint=run.checkpoint)
+        by, attention, record = "model.py", hf.ATTENTION, None
+    else:
+        inner, kept = hf.build(hf_config, DTYPES[run.dtype], config if zero3 else None, device, run.checkpoint)
+        model = HuggingFace(inner, shape, hf.layer_class(inner), kept)
+        by, attention, record = hf.built_by(), inner.config._attn_implementation, as_record(shape)
     torch.set_default_dtype(torch.float32)
-    return model
+    built = parts.Built(by=by, architecture=type(getattr(model, "hf", model)).__name__,
+                        partitioned="zero.Init" if zero3 else None, attention=attention,
+                        peak_bytes=measure.memory_snapshot(device).peak_mem_bytes, shape=record)
+    return model, built
 
 
 def decay_groups(model):
@@ -227,7 +239,7 @@ def build_engine(model, run, config):
     # ZeRO-3 gathers a whole block at once, not each Linear: 1.3x faster on one H200 at micro batch 2, for one
     # block (~100 MB) in flight. DeepCompile gathers in its own graph, which a leaf module's hooks would break.
     if stages.shards_params(run.stage) and not run.deepcompile and run.leaf_modules:  # else compat.degrade said why not
-        deepspeed.utils.set_z3_leaf_modules(model, [Block])
+        deepspeed.utils.set_z3_leaf_modules(model, [model.block_class])
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, model_parameters=decay_groups(model),
                                       config=config)
     if not engine.zero_optimization() and run.dtype != "fp32":
@@ -275,7 +287,7 @@ def build_and_train(run, config, tokens, r, device):
         log(r.rank, f"memory capped at {run.max_mem_gib} GiB per rank"
                     + ("" if device.type == "cuda" else " of data added from now on"))
     with phase(r.rank, "building the model"):
-        model = build_model(run, config, device)
+        model, r.built = build_model(run, config, device)
     with phase(r.rank, "starting the DeepSpeed engine"):
         engine = build_engine(model, run, config)
     r.optimizer, r.ready_s = measure.optimizer_name(engine), time.perf_counter() - START
@@ -353,7 +365,7 @@ def main(argv=None):
     Stop.phase = "done"
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     zero = config.get("zero_optimization", {})
-    finishing.finish(r, PRESETS[run.model], zero, measure.memory_snapshot(device))
+    finishing.finish(r, chosen(run.model)[0], zero, measure.memory_snapshot(device))
     publish(r)
     machine.leave(world, exits.rank_status(r.oom, r.error, r.interrupted_by, bool(r.diverged or r.nonfinite_loss)))
 

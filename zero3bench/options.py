@@ -42,6 +42,9 @@ SAME_ROWS_STEPS = 3
 MAX_SKIPPED_STEPS = 17
 # A loss above this multiple of the first step's has diverged: the run stops there, as for a loss that is not finite.
 DIVERGED_FACTOR = 10
+# A row's tokens by default, where the model's context is longer: the GPT presets' context, beside which a Hugging
+# Face config's (131,072 for Llama 3) would hold a row's activations many times over
+DEFAULT_SEQ = 1024
 
 
 @dataclass(frozen=True)
@@ -122,10 +125,13 @@ def parse_args(argv: Sequence[str] | None, presets: Iterable[str]) -> argparse.N
     p.add_argument("--stage", type=int, choices=STAGES,
                    help=f"ZeRO stage; loads {stages.CONFIG_NAME.format('<N>')} (default {stages.ZERO3})")
     p.add_argument("--config", type=Path, help=f"a DeepSpeed config file instead of {stages.CONFIG_NAME.format('<N>')}")
-    p.add_argument("--model", choices=presets, help="model preset (default 1.3b on GPUs, tiny without)")
+    p.add_argument("--model", metavar="MODEL",
+                   help=f"a preset ({', '.join(presets)}; default 1.3b on GPUs, tiny without), a bundled Hugging Face "
+                        "config (configs/models/NAME.json: --model NAME), or a config.json or the folder that holds one")
     p.add_argument("--micro-batch", type=at_least(1),
                    help="rows per rank per step (default: the config's, or its train_batch_size over the ranks, or 2)")
-    p.add_argument("--seq", type=at_least(1), help="tokens per row (default: the model's context)")
+    p.add_argument("--seq", type=at_least(1),
+                   help=f"tokens per row (default: the model's context, at most {DEFAULT_SEQ:,})")
     p.add_argument("--steps", type=at_least(1, MAX_STEPS), default=3, help="training steps (default 3)")
     p.add_argument("--lr", type=positive(float, MAX_LR),
                    help="AdamW's peak learning rate, after the warm-up (default: the config's, else the preset's)")
@@ -134,7 +140,8 @@ def parse_args(argv: Sequence[str] | None, presets: Iterable[str]) -> argparse.N
     p.add_argument("--seed", type=at_least(0, SEED_LIMIT - 1), default=0,
                    help="seed for the weights and the data (default 0)")
     p.add_argument("--dtype", choices=PRECISIONS, help="bf16, fp16 or fp32 (default: the config's precision)")
-    p.add_argument("--data", type=Path, help="flat uint16 token file (nanoGPT .bin); default: Python's sources")
+    p.add_argument("--data", type=Path, help="token file: flat uint16 (nanoGPT .bin), or a 1-D .npy of unsigned "
+                                            "integers (uint32 holds ids past 65,535); default: Python's sources")
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="activation checkpointing: recompute each block in backward (default on; --no-checkpoint)")
     p.add_argument("--compile", action="store_true",
@@ -277,7 +284,7 @@ def resolve(args: argparse.Namespace, config: dict[str, Any], model: str, preset
     where = f" {args.config}"
     args.stage = config_stage(config, args, where)
     context, default_lr = preset
-    args.seq = context if args.seq is None else args.seq
+    args.seq = min(context, DEFAULT_SEQ) if args.seq is None else args.seq
     if args.seq > context:
         raise BadInput(f"--seq {args.seq} is outside the {args.model} model's context of 1..{context} tokens")
     batch_source, args.micro_batch = micro_batch(config, args, world, where)

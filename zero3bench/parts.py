@@ -79,6 +79,18 @@ SNAPSHOT_KEYS = {f.name for f in fields(MemorySnapshot)} - {"recorded"}  # a sna
 
 
 @dataclass(frozen=True)
+class Built(Part):
+    """How the rank built its model (train_gpt.build_model): by whose code, how stage 3 partitioned it as it was built,
+    and its memory then. A Hugging Face model's record carries its shape, which no preset names."""
+    by: str | None = None  # "model.py", or "transformers 5.24.0"
+    architecture: str | None = None  # the model's class: GPT, LlamaForCausalLM
+    partitioned: str | None = None  # how stage 3 partitioned it at construction, or None where nothing did
+    attention: str | None = None  # the attention implementation
+    peak_bytes: int | None = None  # the device's peak while it was built (a CPU's: the resident set's)
+    shape: dict | None = None  # accounting.shapes.ModelShape's fields, for a model that is no preset
+
+
+@dataclass(frozen=True)
 class Shards(Part):
     """What ZeRO-3 or FSDP2 partitioned on one rank (accounting.measure.shard_report); None where the rank failed
     before it counted."""
@@ -155,7 +167,7 @@ class Step(Part):
 
 # the fields of a rank's result that hold one part each, by the part's class
 ONE: dict[str, type[Part]] = {"env": Environment, "memory_at_start": MemorySnapshot, "model_state_breakdown": Census,
-                              "host_state_breakdown": Census}
+                              "host_state_breakdown": Census, "built": Built}
 
 
 def of(d: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from zero3bench import options, parts
-from zero3bench.accounting import timing, traffic
+from zero3bench.accounting import shapes, timing, traffic
+from zero3bench.accounting.shapes import ModelShape
 
 # Smaller collectives per step (a loss, a gradient norm) time their launch, not the link: no bus bandwidth.
 # Their kernels are also counted where the wrapper does not see them (DTensor's norm in FSDP2's clipping).
@@ -45,6 +46,7 @@ class RankResult:
     diverged: str | None = None  # why the loss ended the run: not finite, or past options.DIVERGED_FACTOR x the first
     timing: dict = field(default_factory=dict)  # epoch seconds: started, imported, engine_ready, trained, probed
     # the engine
+    built: parts.Built | None = None  # how its model was built (train_gpt.build_model)
     optimizer: str | None = None
     ready_s: float | None = None
     deepcompile_active: bool | None = None  # whether DeepSpeed says DeepCompile compiled the run; None: cannot say
@@ -244,6 +246,14 @@ def carried(d: dict[str, Any], name: str) -> parts.Part:
 def flat(r: RankResult, name: str) -> dict[str, Any]:
     """The keys that r's RESULT line carries for its part in the field name, in their order."""
     return {key: getattr(getattr(r, name), f) for f, key in FLAT[name].items()}
+
+
+def shape_of(r: RankResult) -> ModelShape | None:
+    """The model's shape: its preset's, or the one its record carries (a Hugging Face model's); None for a model
+    that is neither (a record from an older version)."""
+    if r.built and r.built.shape:
+        return shapes.from_record(r.built.shape)
+    return shapes.PRESETS.get(r.run.model)
 
 
 def most(values: Iterable[Figure | None]) -> Figure | None:

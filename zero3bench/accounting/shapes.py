@@ -4,9 +4,19 @@ kinds of its parts), as a Hugging Face config describes a family. train_gpt.py b
 plan.py plans a cluster from one; the GPT presets below are instances of it.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 LOSS_CHUNK = 256  # rows of logits per chunk of the loss
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """A model's parameter tensors as counted on the meta device (zero3bench/hf.py, for a Hugging Face config), where
+    its fields alone do not give them: each tensor's elements, in the model's order."""
+    block: tuple[tuple[int, ...], tuple[int, ...]]  # one block's matrices, then its vectors
+    groups: tuple[tuple[int, ...], tuple[int, ...]]  # every tensor, in train_gpt.decay_groups' two groups
+    root: int  # the elements outside the blocks
 
 
 def padded(vocab: int, multiple: int = 64) -> int:
@@ -32,6 +42,8 @@ class ModelShape:
     positions: str = "learned"  # "learned" (an embedding of context rows) or "rope" (no parameters)
     bias: bool = True  # whether attention's and the MLP's linear layers have biases
     vocab_multiple: int = 64  # the embedding's rows are the vocabulary padded to a multiple of this
+    tensors: Tensors | None = None  # the tensors as counted, where the fields above do not say them
+    activations_known: bool = True  # whether predict.py's block of saved tensors is this model's
 
     @property
     def padded_vocab(self) -> int:
@@ -58,6 +70,8 @@ class ModelShape:
         """One block's tensors in model.py's order, split as train_gpt.decay_groups splits them: the matrices
         (attention's, then the MLP's), and the vectors (the first norm, attention's biases, the second norm, the
         MLP's biases)."""
+        if self.tensors:
+            return tuple(map(list, self.tensors.block))
         d, kv, f = self.d_model, self.kv_width, self.inner
         if kv == d and self.mlp == "gelu":  # model.py's attention: q, k and v as one matrix
             attention, attention_bias = [3 * d * d, d * d], [3 * d, d]
@@ -83,6 +97,8 @@ class ModelShape:
     def root_params(self) -> int:
         """Outside the blocks: the token embedding (with its own output layer where untied), the positions and the
         final norm. FSDP2 shards them as the root module."""
+        if self.tensors:
+            return self.tensors.root
         positions = self.context * self.d_model if self.positions == "learned" else 0
         return (1 if self.tied else 2) * self.embedding + positions + sum(self.norm)
 
@@ -100,10 +116,23 @@ class ModelShape:
         """Each tensor's elements, in model.py's order, in train_gpt.decay_groups' two groups: the matrices (the
         token embedding, tied to the output layer, the positions, and each block's qkv, projection and MLP
         weights), then the vectors (each block's LayerNorms and biases, and the final LayerNorm)."""
+        if self.tensors:
+            return tuple(map(list, self.tensors.groups))
         matrices, vectors = self.block_tensors
         positions = [self.context * self.d_model] if self.positions == "learned" else []
         untied = [] if self.tied else [self.embedding]
         return [self.embedding, *positions, *self.layers * matrices, *untied], [*self.layers * vectors, *self.norm]
+
+
+def as_record(shape: ModelShape) -> dict[str, Any]:
+    return asdict(shape)
+
+
+def from_record(d: dict[str, Any]) -> ModelShape:
+    """The shape that as_record wrote, its tensors' lists read back as tuples."""
+    t = d.get("tensors")
+    tensors = t and Tensors(tuple(map(tuple, t["block"])), tuple(map(tuple, t["groups"])), t["root"])
+    return ModelShape(**{**d, "tensors": tensors})
 
 
 # The GPT-3 paper's shapes, plus two byte-level models for CPUs: tiny, and small, sized for the memory-cap
