@@ -11,7 +11,7 @@ import torch
 
 from zero3bench import explain, finishing, machine, options, parts, result, stages
 import train_gpt as t
-from zero3bench.accounting import host, measure, moments, predict, shapes
+from zero3bench.accounting import activations, host, measure, moments, predict, shapes
 from zero3bench.accounting.memory import NO_OFFLOAD, Counts, Seat, rank_memory
 from zero3bench.reporting import theory
 from conftest import facts, record
@@ -131,7 +131,7 @@ def test_without_gpus_device_and_host_are_one_memory():
 
 def test_stage_0_counts_its_gradients_at_backwards_end_and_at_the_step_not_at_its_start():
     r = predicted(rank(0, world=1, other=123))  # the census's other tensors are predicted, not read back
-    last_block = predict.block_activation_bytes(t.PRESETS["1.3b"], 2, 2048, 1024, True)
+    last_block = activations.block_activation_bytes(t.PRESETS["1.3b"], 2, 2048, 1024, True)
     assert r.predicted.transient == 4 * PSI
     assert r.predicted.peak == 14 * PSI + predict.WORKSPACE_BYTES + max(
         r.predicted.activations, 2 * PSI + last_block, 2 * PSI + 4 * PSI)
@@ -170,15 +170,15 @@ def test_without_checkpointing_stage_3_on_several_ranks_keeps_every_blocks_weigh
 def test_checkpointing_keeps_far_fewer_activations_and_fp32_doubles_them():
     shape = t.PRESETS["1.3b"]
 
-    def activations(dtype="bf16", checkpoint=False):
-        return predict.activation_bytes(shape, dtype, 2, 1024, checkpoint, True, shapes.LOSS_CHUNK)
+    def saved(dtype="bf16", checkpoint=False):
+        return activations.activation_bytes(shape, dtype, 2, 1024, checkpoint, True, shapes.LOSS_CHUNK)
 
     def output(width):  # ln_f, the logits and their gradient, one chunk of the loss in fp32
-        return predict.output_layer_bytes(shape, width, 2048, shapes.LOSS_CHUNK)
-    full, checkpointed = activations(), activations(checkpoint=True)
+        return activations.output_layer_bytes(shape, width, 2048, shapes.LOSS_CHUNK)
+    full, checkpointed = saved(), saved(checkpoint=True)
     assert (checkpointed - output(2)) < (full - output(2)) / 8
     # all but the LayerNorms' statistics and flash's logsumexp, which are fp32 in either
-    assert activations("fp32") - output(4) == pytest.approx(2 * (full - output(2)), rel=1e-3)
+    assert saved("fp32") - output(4) == pytest.approx(2 * (full - output(2)), rel=1e-3)
 
 
 def test_the_output_layers_backward_holds_what_its_formula_counts_on_an_h200():
@@ -187,7 +187,7 @@ def test_the_output_layers_backward_holds_what_its_formula_counts_on_an_h200():
     case)."""
     lines = (LOGS / "h200" / "31-suite" / "probe" / "output_layer.jsonl").read_text().splitlines()
     for case in map(json.loads, lines):
-        predicted = predict.output_layer_bytes(t.PRESETS[case["preset"]], predict.WIDTH[case["dtype"]],
+        predicted = activations.output_layer_bytes(t.PRESETS[case["preset"]], predict.WIDTH[case["dtype"]],
                                                case["tokens"], case["chunk"])
         assert predicted == pytest.approx(case["measured_bytes"], rel=0.02), case
     assert len(lines) == 12
@@ -197,7 +197,7 @@ def test_a_block_saves_what_the_activation_formula_counts():
     a token, with flash's logsumexp. The CPU keeps the LayerNorms' mean and rstd in bf16 where CUDA keeps fp32
     (8 bytes a token less), and runs SDPA's CPU flash kernel, which saves what CUDA's does."""
     shape = shapes.ModelShape(layers=1, heads=4, d_model=256, vocab=256, context=128, lr=0)
-    block = t.Block(shape.d_model, shape.heads, 0.02).to(torch.bfloat16)
+    block = t.GPT.block_class(shape.d_model, shape.heads, 0.02).to(torch.bfloat16)
     x = torch.randn(2, shape.context, shape.d_model, dtype=torch.bfloat16, requires_grad=True)
     saved = {}
 
@@ -209,7 +209,7 @@ def test_a_block_saves_what_the_activation_formula_counts():
     weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
     counted = sum(n for ptr, n in saved.items() if ptr not in weights)
     tokens = 2 * shape.context
-    assert counted == predict.block_activation_bytes(shape, 2, tokens, shape.context, True) - 8 * tokens
+    assert counted == activations.block_activation_bytes(shape, 2, tokens, shape.context, True) - 8 * tokens
 
 
 def test_the_loss_taken_in_chunks_equals_the_cross_entropy_of_all_logits():
@@ -637,7 +637,7 @@ def test_the_prefetch_ahead_of_backward_is_deepspeeds_own_within_2_percent():
     assert len(probes) == 15
     for name, p in probes.items():
         zero, d_model = p["zero"], round((p["block"] / 12) ** 0.5)
-        twelfths = moments.prefetched_twelfths(zero["stage3_prefetch_bucket_size"], d_model)
+        twelfths = moments.prefetched_twelfths(zero["stage3_prefetch_bucket_size"], gpt_block_matrices(d_model))
         ahead = moments.gathered_ahead(p["layers"], p["block"], p["root"], p["layers"] * p["block"] + p["root"],
                                        zero["stage3_max_live_parameters"], twelfths)
         assert ahead == pytest.approx(p["peak"], rel=0.02), name
@@ -647,7 +647,12 @@ def test_the_prefetch_ahead_of_backward_is_deepspeeds_own_within_2_percent():
     (0, 0), (1, 3), (3 * 64**2, 3), (3 * 64**2 + 1, 4), (4 * 64**2, 4), (4e4, 12), (12 * 64**2, 12),
     (12 * 64**2 + 1, math.inf)])
 def test_a_prefetch_takes_whole_tensors_of_a_block_while_it_has_less_than_its_bucket(prefetch, twelfths):
-    assert moments.prefetched_twelfths(prefetch, 64) == twelfths
+    assert moments.prefetched_twelfths(prefetch, gpt_block_matrices(64)) == twelfths
+
+
+def gpt_block_matrices(d_model):
+    """model.py's block's matrices in order: qkv, its projection, fc, mlp.proj."""
+    return shapes.ModelShape(1, 1, d_model, 1, 1, 0).block_tensors[0]
 
 
 def test_a_prefetch_of_more_than_a_block_gathers_the_whole_model_ahead():

@@ -48,7 +48,7 @@ OPTION_CASES = {
     "a negative warm-up": (["--warmup", "-1"], ("argument --warmup: must be a whole number from 0 to", "not -1")),
     "a timeout of nothing": (["--timeout-s", "0"], ("argument --timeout-s: must be a positive number up to", "not 0")),
     "an unknown option": (["--stages", "3"], "unrecognized arguments: --stages 3"),
-    "an unknown model": (["--model", "13b"], "argument --model: invalid choice: '13b'"),
+    "an unknown model": (["--model", "13b"], "--model 13b: no such preset"),
     "a stage that does not exist": (["--stage", "5"], "argument --stage: invalid choice: 5"),
     "--check for 0 ranks": (["--check", "0"], ("argument --check: must be a whole number from 1 to", "not 0")),
 }
@@ -574,7 +574,7 @@ RUN_SH_CASES = {
     "a stage without a config": (["--stages", "7"], {}, "run.sh",
                                  "no config for stage '7'; there are: 0 1 2 3 3_deepcompile 3_infinity 3_offload"),
     "an unknown model, train_gpt.py's own check": (["--model", "13b"], {}, "train_gpt.py",
-                                                   "argument --model: invalid choice: '13b'"),
+                                                   "--model 13b: no such preset"),
     "a missing hostfile": ([], {"HOSTFILE": "/no/such/file"}, "run.sh",
                            "HOSTFILE /no/such/file is not a readable file"),
     "a hostfile of comments only": ([], {"HOSTFILE": "{hostfile}"}, "run.sh",

@@ -2,7 +2,7 @@
 kills the surviving mutants named in benchmarks/logs/cpu/mutants/survivors.md. No launch."""
 import math
 
-from zero3bench.accounting import predict
+from zero3bench.accounting import activations, predict
 from zero3bench.planning import inputs
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
@@ -46,8 +46,8 @@ def test_equal_memory_is_told_as_1_00x_less():
 
 
 def test_flash_attention_runs_on_a_gpu_in_16_bits_only():
-    assert predict.uses_flash(True, "bf16") and predict.uses_flash(True, "fp16")
-    assert not predict.uses_flash(False, "bf16") and not predict.uses_flash(True, "fp32")
+    assert activations.uses_flash(True, "bf16") and activations.uses_flash(True, "fp16")
+    assert not activations.uses_flash(False, "bf16") and not activations.uses_flash(True, "fp32")
 
 
 def test_at_stage_1_a_tensor_no_larger_than_the_bucket_is_not_reduced_on_its_own():

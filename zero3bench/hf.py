@@ -46,8 +46,8 @@ def read_config(path: Path) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise BadInput(f"{where}: a config is a JSON object, not {type(d).__name__}")
     if "peft_type" in d or {"base_model_name_or_path", "r"} <= d.keys():
-        raise BadInput(f"{where}: an adapter's config ({d.get('peft_type', 'PEFT')}), not a model's: give the config.json "
-                       f"of its base model ({d.get('base_model_name_or_path', 'base_model_name_or_path')})")
+        raise BadInput(f"{where}: an adapter's config ({d.get('peft_type', 'PEFT')}), not a model's: give the "
+                       f"config.json of its base model ({d.get('base_model_name_or_path', 'base_model_name_or_path')})")
     if "model" in d and ({"added_tokens", "normalizer", "pre_tokenizer"} & d.keys()):
         raise BadInput(f"{where}: a tokenizer (tokenizer.json), not a model's config.json")
     if "auto_map" in d:
@@ -71,8 +71,9 @@ def transformers_config(d: dict[str, Any], path: Path) -> Any:
         raise BadInput(f"{where}: model_type {kind!r} is not a decoder-only causal language model")
     try:
         config = transformers.AutoConfig.for_model(**d)
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise BadInput(f"{where}: transformers cannot read it: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # noqa: BLE001 -- a config's own validators raise their own kinds (huggingface_hub's)
+        # the cause is on the last line of a validator's message
+        raise BadInput(f"{where}: transformers cannot read it: {str(e).strip().splitlines()[-1].strip()}") from None
     check_sizes(config, where)
     config.use_cache = False  # training: no key/value cache
     return config
@@ -93,7 +94,8 @@ def check_sizes(config: Any, where: str) -> None:
     for name, value in sizes.items():
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise BadInput(f"{where}: {name} must be a whole number of at least 1, not {value!r}")
-    heads, kv = sizes["num_attention_heads"], getattr(config, "num_key_value_heads", None) or sizes["num_attention_heads"]
+    heads = sizes["num_attention_heads"]
+    kv = getattr(config, "num_key_value_heads", None) or heads
     if getattr(config, "head_dim", None) is None and sizes["hidden_size"] % heads:
         raise BadInput(f"{where}: {heads} attention heads do not divide hidden_size {sizes['hidden_size']}")
     if not isinstance(kv, int) or kv < 1 or heads % kv:
@@ -140,7 +142,8 @@ def shape_of(config: Any) -> ModelShape:
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
     d, heads = config.hidden_size, config.num_attention_heads
     tensors, alike = counted_tensors(model, config.num_hidden_layers)
-    known = (config.model_type in LLAMA_LAYER and alike and (getattr(config, "head_dim", None) or d // heads) * heads == d
+    head = getattr(config, "head_dim", None) or d // heads
+    known = (config.model_type in LLAMA_LAYER and alike and head * heads == d
              and getattr(config, "hidden_act", "silu") == "silu")
     params = sum(map(sum, tensors.groups))
     return ModelShape(layers=config.num_hidden_layers, heads=heads, d_model=d, vocab=config.vocab_size,
@@ -156,7 +159,8 @@ def model_is_tied(model: Any) -> bool:
     return out is not None and out.weight is model.get_input_embeddings().weight
 
 
-def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: Any, checkpoint: bool) -> tuple[Any, Any]:
+def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: Any,
+          checkpoint: bool) -> tuple[Any, Any]:
     """The model, built by transformers in dtype with random weights: at stage 3 with HfDeepSpeedConfig alive, so that
     from_config builds it inside zero.Init and initialises each module gathered, as it does for from_pretrained; else
     on the device. Gradient checkpointing through the model's own switch. Returns the model and the

@@ -74,7 +74,7 @@ def load_tokens(path: Path | None, vocab: int, seq: int) -> np.ndarray:
     # the first 16M tokens only: a corpus can be many GB; a stray id further on fails in the embedding
     if int(tokens[: 1 << 24].max()) >= vocab:
         where = f"--data {path}" if path else "Python's sources (bytes), the default data,"
-        raise options.BadInput(f"{where}: token ids reach {int(tokens[: 1 << 24].max())}, outside the model's "
+        raise options.BadInput(f"{where}: token ids reach {int(tokens[: 1 << 24].max())}, outside the "
                                f"vocabulary of {vocab}")
     return tokens
 
@@ -113,5 +113,7 @@ def predicted_memory(run: options.Run, config: dict[str, Any], world: int) -> Me
 def prediction_line(run: options.Run, config: dict[str, Any], world: int) -> str:
     m = predicted_memory(run, config, world)
     runtime = "" if torch.cuda.is_available() else ", and a CPU process's runtime besides"
+    if m.peak is None:  # activations.py does not know this model's block
+        return f"predicted per rank at {world} rank(s): model states {size(m.states)}; activations and peak not predicted"
     return (f"predicted per rank at {world} rank(s): model states {size(m.states)}, activations "
             f"{size(m.activations)}, peak {size(m.peak)}{runtime}")

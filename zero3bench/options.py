@@ -120,28 +120,31 @@ def at_least(low: int, high: float = math.inf) -> Callable[[str], int]:
     return parse
 
 
+MODEL_HELP = ("a preset ({}; default 1.3b on GPUs, tiny without), a Hugging Face config.json, its folder, or NAME for "
+              "configs/models/NAME.json")
+SEQ_HELP = f"tokens per row (default: the model's context, at most {DEFAULT_SEQ})"
+DATA_HELP = ("token file: flat uint16 (nanoGPT .bin) or a 1-D .npy of unsigned integers (uint32 for ids of 65,536 on); "
+             "default: Python's sources")
+
+
 def parse_args(argv: Sequence[str] | None, presets: Iterable[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="train_gpt.py", description="DeepSpeed ZeRO benchmark on a GPT-style model.")
     p.add_argument("--stage", type=int, choices=STAGES,
                    help=f"ZeRO stage; loads {stages.CONFIG_NAME.format('<N>')} (default {stages.ZERO3})")
     p.add_argument("--config", type=Path, help=f"a DeepSpeed config file instead of {stages.CONFIG_NAME.format('<N>')}")
-    p.add_argument("--model", metavar="MODEL",
-                   help=f"a preset ({', '.join(presets)}; default 1.3b on GPUs, tiny without), a bundled Hugging Face "
-                        "config (configs/models/NAME.json: --model NAME), or a config.json or the folder that holds one")
+    p.add_argument("--model", metavar="MODEL", help=MODEL_HELP.format(", ".join(presets)))
     p.add_argument("--micro-batch", type=at_least(1),
                    help="rows per rank per step (default: the config's, or its train_batch_size over the ranks, or 2)")
-    p.add_argument("--seq", type=at_least(1),
-                   help=f"tokens per row (default: the model's context, at most {DEFAULT_SEQ:,})")
+    p.add_argument("--seq", type=at_least(1), 
+                   help=f"tokens per row (default: the model's context, at most {DEFAULT_SEQ})")
     p.add_argument("--steps", type=at_least(1, MAX_STEPS), default=3, help="training steps (default 3)")
     p.add_argument("--lr", type=positive(float, MAX_LR),
                    help="AdamW's peak learning rate, after the warm-up (default: the config's, else the preset's)")
     p.add_argument("--warmup", type=at_least(0, MAX_STEPS), default=0,
                    help="steps over which the learning rate rises linearly to --lr (default 0: none)")
-    p.add_argument("--seed", type=at_least(0, SEED_LIMIT - 1), default=0,
-                   help="seed for the weights and the data (default 0)")
+    p.add_argument("--seed", type=at_least(0, SEED_LIMIT - 1), default=0, help="weights' and data's seed (default 0)")
     p.add_argument("--dtype", choices=PRECISIONS, help="bf16, fp16 or fp32 (default: the config's precision)")
-    p.add_argument("--data", type=Path, help="token file: flat uint16 (nanoGPT .bin), or a 1-D .npy of unsigned "
-                                            "integers (uint32 holds ids past 65,535); default: Python's sources")
+    p.add_argument("--data", type=Path, help=DATA_HELP)
     p.add_argument("--checkpoint", action=argparse.BooleanOptionalAction, default=True,
                    help="activation checkpointing: recompute each block in backward (default on; --no-checkpoint)")
     p.add_argument("--compile", action="store_true",

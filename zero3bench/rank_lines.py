@@ -50,9 +50,13 @@ def memory_lines(tag: str, r: RankResult) -> list[str]:
     if estimate:
         lines.append(f"{tag} DeepSpeed's estimator: {size(estimate['device'])} per device, "
                      f"{size(estimate['host_per_node'])} per node")
-    peak = f"; the peak at {size(r.predicted.peak)}" if r.mem_kind == "cuda" else ""
-    lines.append(f"{tag} estimated: activations {size(r.predicted.activations)}, the optimizer step's fp32 "
-                 f"gradients {size(r.predicted.transient)}{peak}")
+    if r.predicted.activations is None:  # a model whose block accounting.activations does not know
+        lines.append(f"{tag} estimated: the optimizer step's fp32 gradients {size(r.predicted.transient)}; this "
+                     f"model's activations and peak are not predicted")
+    else:
+        peak = f"; the peak at {size(r.predicted.peak)}" if r.mem_kind == "cuda" else ""
+        lines.append(f"{tag} estimated: activations {size(r.predicted.activations)}, the optimizer step's fp32 "
+                     f"gradients {size(r.predicted.transient)}{peak}")
     return lines + [f"{tag} difference: {d}" for d in r.differences]
 
 

@@ -6,7 +6,7 @@ of the model's parameters (Counts) and where it runs (Seat). Each term is predic
 from dataclasses import dataclass, fields
 from typing import Any
 
-from zero3bench.accounting import moments, predict
+from zero3bench.accounting import activations as saved, moments, predict
 from zero3bench.accounting.shapes import LOSS_CHUNK, ModelShape
 from zero3bench.options import Run
 from zero3bench.stages import shards_params, splits_one_buffer
@@ -53,7 +53,7 @@ class MemoryTerms:
     freed_grads: float  # the gradients freed between steps and made anew in backward
     gathered: float
     saved_weights: float
-    activations: float
+    activations: float | None  # None where the model's block is not one that activations.py knows: no peak then
     last_block: float  # the first block's activations, whose backward comes last
     scatter: float
     prefetched: float
@@ -73,7 +73,7 @@ class MemoryTerms:
         return self.states - (self.breakdown["grads"] if self.freed_grads else 0) + self.buffers + self.workspace
 
     @property
-    def peak(self) -> float:
+    def peak(self) -> float | None:
         """The most of the rank's moments, on top of what it holds throughout:
         - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes), the
           activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
@@ -87,7 +87,10 @@ class MemoryTerms:
           (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's
           gradient; on rehearsed ranks, the all-gather of the updated weights at the step's end (regathered_bytes).
         Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
-        linearly from one end to the other, so their most is at an end."""
+        linearly from one end to the other, so their most is at an end. None where the activations are not
+        predicted."""
+        if self.activations is None:
+            return None
         return self.held + max(self.gathered + self.saved_weights + self.activations + self.backward_buckets,
                                self.gathered + self.scatter, self.prefetched,
                                self.freed_grads + self.gathered + self.last_block, self.reduced_grads + self.reduction,
@@ -95,13 +98,13 @@ class MemoryTerms:
                                self.regathered)
 
     @property
-    def reserved(self) -> float:
+    def reserved(self) -> float | None:
         """The least that PyTorch's caching allocator reserves, as torchtitan reports memory (max_reserved): the
         peak, and the gradients that a rank frees after each step, whose cached blocks the next forward's larger
         activations cannot reuse. At 24-peaks FSDP2's reserved exceeded its allocated peak by 3.9 to 6.7 GB on one
         rank, its gradients being 5.3 GB, where stage 3, which keeps them, exceeded it by 0.3 to 1.4 GB.
         Fragmentation besides is not predicted."""
-        return self.peak + self.freed_grads
+        return None if self.peak is None else self.peak + self.freed_grads
 
     def flat(self) -> dict[str, Any]:
         """The terms and the figures that follow from them, by name, as plan.py's rows hold them."""
@@ -151,18 +154,17 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         offloaded_grad=predict.offloaded_grad_bytes(stage, engine, width, counts.largest, world, offloaded),
         scatter=moments.scatter_bytes(stage, engine, width, world, zero, params, act["blocks"], embedding),
         prefetched=moments.prefetch_bytes(stage, engine, width, world, zero, shape, params, bool(run.checkpoint),
-                                          tokens, act["last_block"], act["activations"]) if shape else 0,
+                                          tokens, act["last_block"], act["activations"] or 0) if shape else 0,
         regathered=moments.regathered_bytes(stage, engine, width, params, world, seat.rehearsed))
 
 
-def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, float]:
+def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, float | None]:
     """The activations' most when backward starts, the last block's, and all the blocks' when their backward starts
-    (predict.py); none without a shape."""
-    if shape is None:
-        return {"activations": 0, "last_block": 0, "blocks": 0}
+    (activations.py); none without a shape, and not predicted (None) for a block that activations.py does not know."""
+    if shape is None or not shape.activations_known:
+        return {"activations": None if shape else 0, "last_block": 0, "blocks": 0}
     micro_batch, seq, checkpoint = run.micro_batch or 0, run.seq or 0, bool(run.checkpoint)
-    flash = predict.uses_flash(seat.on_gpu, run.dtype)
-    return {"activations": predict.activation_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash, LOSS_CHUNK),
-            "last_block": predict.block_activation_bytes(shape, predict.WIDTH[run.dtype], micro_batch * seq, seq,
-                                                         flash),
-            "blocks": predict.blocks_backward_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash)}
+    flash = saved.uses_flash(seat.on_gpu, run.dtype)
+    return {"activations": saved.activation_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash, LOSS_CHUNK),
+            "last_block": saved.block_activation_bytes(shape, predict.WIDTH[run.dtype], micro_batch * seq, seq, flash),
+            "blocks": saved.blocks_backward_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash)}

@@ -17,10 +17,6 @@ from zero3bench.stages import shards_params, splits_one_buffer
 # Keyed by twelfths of a block. Not modelled: stage3_max_reuse_distance above 0 (DeepSpeed's default 1e9; the
 # project's configs set 0), not probed, and backward without checkpointing, which gathers ahead too.
 AHEAD = {8: (1 / 4, 3), 12: (1 / 2, 4)}
-# model.py's block as stage 3 partitions it, in the order it prefetches: qkv, its projection, fc and mlp.proj, of
-# 3, 1, 4 and 4 twelfths of its elements (its LayerNorms and biases, which persist at 1.3b's 1e4 threshold; where
-# some do not, as at 2.7b, the probe with a threshold of 0 stayed within 1.5%)
-BLOCK_TWELFTHS = (3, 1, 4, 4)
 
 
 def reduction_copies(width: int, world: int, zero: dict[str, Any], params: int) -> float:
@@ -41,15 +37,18 @@ def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[st
     return reduction_copies(width, world, zero, params) + blocks * (1 - bucket / params) + width * embedding
 
 
-def prefetched_twelfths(prefetch: float, d_model: int) -> float:
-    """The twelfths of a block that one prefetch gathers: DeepSpeed takes whole tensors, in order, while it has
-    fewer than stage3_prefetch_bucket_size elements (partitioned_param_coordinator.py); more than a block, inf."""
+def prefetched_twelfths(prefetch: float, matrices: list[int]) -> float:
+    """The twelfths of a block's matrices (the block as stage 3 partitions it, in the order it prefetches; model.py's
+    qkv, its projection, fc and mlp.proj are 3, 1, 4 and 4 twelfths) that one prefetch gathers: DeepSpeed takes whole
+    tensors, in order, while it has fewer than stage3_prefetch_bucket_size elements (partitioned_param_coordinator.py);
+    more than a block, inf. The norms and biases persist at 1.3b's 1e4 threshold; where some do not, as at 2.7b, the
+    probe with a threshold of 0 stayed within 1.5%."""
     taken = 0
-    for twelfths in BLOCK_TWELFTHS:
-        if taken * d_model**2 >= prefetch:
-            return taken
-        taken += twelfths
-    return taken if prefetch <= taken * d_model**2 else math.inf
+    for elements in matrices:
+        if taken >= prefetch:
+            return 12 * taken / sum(matrices)
+        taken += elements
+    return 12.0 if prefetch <= taken else math.inf
 
 
 def gathered_ahead(layers: int, block: float, root: float, params: float, live: float, twelfths: float) -> float:
@@ -73,8 +72,9 @@ def gathered_ahead(layers: int, block: float, root: float, params: float, live: 
 def prefetch_reach(zero: dict[str, Any], shape: ModelShape, params: float) -> tuple[float, float]:
     """The twelfths of a block that one prefetch gathers, and the most elements gathered ahead of backward, at a
     config's bucket and cap (prefetched_twelfths, gathered_ahead)."""
-    twelfths = prefetched_twelfths(zero_setting(zero, "stage3_prefetch_bucket_size"), shape.d_model)
-    return twelfths, gathered_ahead(shape.layers, 12 * shape.d_model**2, shape.root_params, params,
+    matrices = shape.block_tensors[0]
+    twelfths = prefetched_twelfths(zero_setting(zero, "stage3_prefetch_bucket_size"), matrices)
+    return twelfths, gathered_ahead(shape.layers, sum(matrices), shape.root_params, params,
                                     zero_setting(zero, "stage3_max_live_parameters"), twelfths)
 
 

@@ -92,56 +92,6 @@ def deepspeed_estimate(stage: int, total: int, largest: int, ranks_per_node: int
     return {"device": layer + int(18 * total / gpus), "host_per_node": int(largest * 4 * ranks_per_node * buffer)}
 
 
-def block_activation_bytes(shape: ModelShape, width: int, tokens: int, seq: int, flash: bool) -> int:
-    """What one block of model.py saves for backward: 16 values of d_model per token in the training dtype
-    (ln_1's input, qkv's input, q, k and v, attention's output, which proj takes as it is, ln_2's input, fc's
-    input, GELU's input and mlp.proj's input, 4 d_model each), the two LayerNorms' fp32 mean and rstd, and
-    flash attention's fp32 logsumexp per head: Korthikanti et al.'s 34 per token and d_model, less the two
-    dropout masks that this model lacks. Without a fused attention kernel SDPA's math path keeps its softmax too,
-    one value per score. Counted with saved_tensors_hooks on a block in bf16 on a CPU (tests/test_accounting.py)."""
-    per_token = width * 16 * shape.d_model + 2 * 2 * 4 + (4 * shape.heads if flash else 0)
-    return tokens * per_token + (0 if flash else width * shape.heads * seq * tokens)
-
-
-def output_layer_bytes(shape: ModelShape, width: int, tokens: int, loss_chunk: int) -> int:
-    """The most that backward holds for the layers above the blocks, on top of what the blocks keep: ln_f's
-    input and output (the output layer's input), and at the last chunk of the loss, the logits (kept for the
-    loss, recomputed chunk by chunk), the other chunks' gradients, which the split's backward joins only once all
-    are made, and the last chunk's fp32 log-softmax, its gradient and its input's (12 bytes a logit). Measured
-    on an H200 within 1.6% at 350m and 1.3b, micro batch 1 to 16, bf16 and fp32
-    (benchmarks/logs/h200/31-suite/probe, which tests/test_accounting.py reads)."""
-    chunk = min(loss_chunk, tokens)
-    return 2 * width * tokens * shape.d_model + (2 * width * tokens + (12 - width) * chunk) * shape.padded_vocab
-
-
-def uses_flash(on_gpu: bool, dtype: str) -> bool:
-    """Whether attention runs SDPA's flash kernels, which keep no scores for backward: on a GPU, in 16 bits
-    (they take 16-bit inputs only)."""
-    return on_gpu and WIDTH[dtype] == 2
-
-
-def activation_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, checkpoint: bool, flash: bool,
-                     loss_chunk: int) -> int:
-    """The activations when backward starts, their most: every block's saved tensors, or with checkpointing each
-    block's input only, and the output layer's backward (output_layer_bytes); with checkpointing, a block
-    recomputed during backward instead where it holds more than the output layer (not at 1.3b)."""
-    width, tokens = WIDTH[dtype], micro_batch * seq
-    block = block_activation_bytes(shape, width, tokens, seq, flash)
-    output = output_layer_bytes(shape, width, tokens, loss_chunk)
-    if checkpoint:
-        return shape.layers * width * tokens * shape.d_model + max(output, block)
-    return shape.layers * block + output
-
-
-def blocks_backward_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, checkpoint: bool,
-                          flash: bool) -> int:
-    """The activations when the blocks' backward starts, the output layer's done: every block's saved tensors, or
-    with checkpointing each block's input and the last block recomputed."""
-    width, tokens = WIDTH[dtype], micro_batch * seq
-    block = block_activation_bytes(shape, width, tokens, seq, flash)
-    return shape.layers * width * tokens * shape.d_model + block if checkpoint else shape.layers * block
-
-
 DEEPSPEED_ADAM = "deepspeed.FusedAdam"  # measure.optimizer_name of DeepSpeed's own Adam (a config's optimizer section)
 
 

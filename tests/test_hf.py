@@ -1,0 +1,118 @@
+"""A Hugging Face config as --model (zero3bench/hf.py): read, refused or counted before anything starts. transformers
+and accelerate are optional: without them these tests skip, and the GPT's run on."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers", reason="transformers is optional (pip install transformers "
+                                                          "accelerate)")
+pytest.importorskip("accelerate", reason="HfDeepSpeedConfig needs accelerate")
+import torch  # noqa: E402
+
+from zero3bench import hf, inputs  # noqa: E402
+from zero3bench.accounting import activations  # noqa: E402
+from zero3bench.options import BadInput  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = {family: str(ROOT / "tests" / "models" / f"tiny-{family}.json") for family in ("llama", "qwen2", "mistral")}
+NEOX = str(ROOT / "tests" / "models" / "tiny-gpt-neox.json")
+# the published parameter counts of the bundled configs (their model cards)
+PUBLISHED = {"llama-3.2-1b": 1_235_814_400, "qwen2.5-1.5b": 1_543_714_304, "llama-3.1-8b": 8_030_261_248,
+             "mistral-7b-v0.1": 7_241_732_096}
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_a_bundled_config_counts_its_published_parameters_on_the_meta_device(name):
+    shape, _ = inputs.chosen(name)
+    assert shape.params == PUBLISHED[name]
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_the_counted_shape_is_the_built_models(family):
+    shape, config = inputs.chosen(TINY[family])
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+    assert shape.activations_known
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_a_llama_layer_saves_what_the_activation_formula_counts(family):
+    """One decoder layer in bf16 on a CPU, its saved tensors counted by storage (the rotary cos and sin, made once
+    for all layers, apart): SDPA's CPU flash kernel saves what CUDA's does."""
+    shape, config = inputs.chosen(TINY[family])
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    layer = hf.decoder_layers(model, config.num_hidden_layers)[0]
+    batch, seq = 2, 64
+    x = torch.randn(batch, seq, config.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    positions = torch.arange(seq)[None].expand(batch, seq)
+    cos_sin = model.model.rotary_emb(x, positions)
+    saved = {}
+
+    def pack(tensor):
+        saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        layer(x, position_embeddings=cos_sin, attention_mask=None, position_ids=positions)
+    apart = {t.untyped_storage().data_ptr() for t in [*layer.parameters(), *cos_sin]}
+    counted = sum(n for ptr, n in saved.items() if ptr not in apart)
+    assert counted == activations.block_activation_bytes(shape, 2, batch * seq, seq, True)
+
+
+def test_a_family_whose_layer_is_not_llamas_has_no_predicted_activations():
+    shape, _ = inputs.chosen(NEOX)
+    assert not shape.activations_known
+
+
+def config_file(tmp_path, **fields):
+    base = json.loads(Path(TINY["llama"]).read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**base, **fields}))
+    return path
+
+
+BAD = {
+    "an encoder": ({"model_type": "bert", "architectures": ["BertModel"]}, "not a decoder-only causal language model"),
+    "a vision model": ({"model_type": "vit"}, "not a decoder-only causal language model"),
+    "an unknown model_type": ({"model_type": "llama9"}, "is not one that transformers"),
+    "remote code": ({"auto_map": {"AutoModelForCausalLM": "modeling_x.X"}}, "never runs"),
+    "a LoRA adapter": ({"peft_type": "LORA", "r": 8, "base_model_name_or_path": "x"}, "an adapter's config"),
+    "a tokenizer": ({"model": {"type": "BPE"}, "added_tokens": []}, "a tokenizer"),
+    "0 layers": ({"num_hidden_layers": 0}, "num_hidden_layers must be a whole number of at least 1"),
+    "heads that do not divide": ({"num_attention_heads": 3},
+                                 "not a multiple of the number of attention heads|3 attention heads do not divide"),
+    "kv heads that do not divide": ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide 4"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_a_config_that_cannot_be_built_here_is_refused_in_one_line(name, tmp_path):
+    fields, message = BAD[name]
+    path = config_file(tmp_path, **fields)
+    with pytest.raises(BadInput, match=message):
+        inputs.chosen.__wrapped__(str(path))
+
+
+def test_a_uint16_bin_is_refused_for_a_vocabulary_past_its_ids(tmp_path):
+    data = tmp_path / "tokens.bin"
+    data.write_bytes(bytes(4096))
+    with pytest.raises(BadInput, match="cannot hold ids of 65,536"):
+        inputs.load_tokens(data, 128_256, 64)
+
+
+def test_a_npy_of_uint32_holds_ids_past_65535(tmp_path):
+    import numpy as np
+    data = tmp_path / "tokens.npy"
+    np.save(data, np.arange(100_000, 100_200, dtype=np.uint32))
+    assert int(inputs.load_tokens(data, 128_256, 64).max()) == 100_199
+
+
+def test_a_bad_config_exits_2_with_one_line_before_anything_starts(tmp_path):
+    path = config_file(tmp_path, auto_map={"AutoModelForCausalLM": "x.X"})
+    done = subprocess.run([sys.executable, "train_gpt.py", "--check", "2", "--model", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr
+    assert errors[0].startswith("train_gpt.py: error: --model ")
