@@ -8,7 +8,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/preamble.sh" "$1"
 run() { LIMIT_S=$1 timed "$2" bash run.sh --ranks 1 --steps 8 "${@:3}"; }
 run 200 mb8 --micro-batch 8 --stages "0 1 2 3 3_infinity"
-run 200 mb16nock --micro-batch 16 --no-checkpoint --stages "0 3 3_infinity 3_offload"
+run 230 mb16nock --micro-batch 16 --no-checkpoint --stages "0 3 3_infinity 3_offload"
 run 110 mb2nock --micro-batch 2 --no-checkpoint --stages "0 3 3_infinity"
 run 60 mb8nock --micro-batch 8 --no-checkpoint --stages "0 3"
 tar czf "$out/results.tgz" -C "$out" results
