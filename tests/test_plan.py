@@ -501,3 +501,10 @@ def test_the_offload_host_part_scales_with_the_hosts_cores():
 
 def test_the_plans_step_terms_name_the_calibrating_run():
     assert steptime.terms(MB16).source == str(MB16)
+
+
+def test_a_plan_from_a_folder_of_every_setup_at_world_one_gives_each_setups_step_and_names_the_run(capsys):
+    p = planned(capsys, "--from", str(MB16), "--micro-batch", "2", "--gpus", "1")
+    assert p["world_one"]["source"] == str(MB16)
+    assert sorted(p["world_one"]["step_s"]) == ["0", "1", "2", "3", "3_infinity", "3_offload"]
+    assert "world_one" not in planned(capsys, "--gpus", "1")

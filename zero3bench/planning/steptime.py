@@ -31,6 +31,7 @@ OFFLOADS = ("3_offload", "3_infinity")
 class Measured:
     """One setup's steady step at world 1, as its record says it."""
     setup: str
+    model: str
     micro_batch: int
     checkpoint: bool
     step_s: float
@@ -40,13 +41,20 @@ class Measured:
     param_tensors: int
 
 
+NEEDED = ("model", "micro_batch", "checkpoint", "step_time_s", "seq", "flops_per_token", "params_total", "param_tensors")
+
+
+def at_world_one(records: dict[str, dict]) -> dict[str, Measured]:
+    """The world-1 runs that timed steps, by setup ("0", "3_offload", ...), of each run's first record."""
+    return {name.removeprefix("stage"): Measured(name.removeprefix("stage"), *(r[k] for k in NEEDED))
+            for name, r in records.items()
+            if r.get("world_size") == 1 and all(r.get(k) is not None for k in NEEDED) and r["step_time_s"]}
+
+
 def measured(folder: Path) -> dict[str, Measured]:
-    """A results folder's world-1 runs by setup ("0", "3_offload", ...)."""
-    runs = json.loads((Path(folder) / "summary.json").read_text())["results"]
-    return {name.removeprefix("stage"): Measured(name.removeprefix("stage"), r["micro_batch"], r["checkpoint"],
-                                                 r["step_time_s"], r["seq"], r["flops_per_token"],
-                                                 r["params_total"], r["param_tensors"])
-            for name, (r, *_) in runs.items() if r["world_size"] == 1 and r["step_time_s"]}
+    """A results folder's world-1 runs (at_world_one), from its summary.json."""
+    runs = json.loads((Path(folder) / "summary.json").read_text()).get("results", {})
+    return at_world_one({name: rs[0] for name, rs in runs.items() if rs and isinstance(rs[0], dict)})
 
 
 def row_flops(m: Measured, checkpoint: bool) -> float:
@@ -79,8 +87,9 @@ def zero3_floor(cal: dict[str, Measured], fallback: dict[str, Measured]) -> floa
     return run["3"].step_s / run["3"].param_tensors
 
 
-def terms(folder: Path) -> Terms:
-    cal = measured(folder)
+def terms(folder: Path, cal: dict[str, Measured] | None = None) -> Terms:
+    """The terms from the calibrating folder's world-1 runs (cal, where they are read already)."""
+    cal = cal or measured(folder)
     a, b = (measured(f)["0"] for f in FIXED_SOURCES)
     s0 = cal["0"]
     fixed = fixed_s_per_param(a, b) * s0.params
@@ -101,3 +110,25 @@ def step_s(t: Terms, m: Measured, setup: str, micro_batch: int, checkpoint: bool
         return base + t.over_stage0_s.get(setup, 0.0)
     stage3 = max(base, t.zero3_s_per_tensor * m.param_tensors)
     return stage3 + t.host_s[setup] * HOST_CORES / cores if setup in OFFLOADS else stage3
+
+
+@dataclass(frozen=True)
+class WorldOne:
+    """The planned world-1 step of each setup, at the plan's micro batch and checkpointing, from one run."""
+    source: str  # the calibrating results folder
+    model: str
+    micro_batch: int
+    checkpoint: bool
+    host_cores: int
+    step_s: dict[str, float]  # by setup: "0" ... "3", "3_offload", "3_infinity"
+
+
+def world_one(folder: Path, cal: dict[str, Measured], model: str, micro_batch: int, checkpoint: bool,
+              cores: int) -> WorldOne | None:
+    """The plan's world-1 steps where the folder trained every setup at world 1 (cal) with the model planned;
+    else None (a calibration of one model says nothing of another's ZeRO-3 or host cost)."""
+    if not {"0", "1", "2", "3", *OFFLOADS} <= set(cal) or {m.model for m in cal.values()} != {model}:
+        return None
+    t = terms(folder, cal)
+    return WorldOne(str(folder), model, micro_batch, checkpoint, cores,
+                    {s: step_s(t, cal[s], s, micro_batch, checkpoint, cores) for s in cal})
