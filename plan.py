@@ -25,7 +25,7 @@ from zero3bench.accounting.shapes import DEFAULT_MODEL, PRESETS, ModelShape
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
 from zero3bench.options import BadInput
-from zero3bench.planning import cluster, inputs, output
+from zero3bench.planning import cluster, inputs, output, steptime
 from zero3bench.planning.cluster import SETUPS, Inputs, Model
 from zero3bench.accounting.timing import hfu_per_mfu
 from zero3bench.planning.inputs import ASSUMED, SPANS, Folder, between, number
@@ -35,7 +35,7 @@ MAX_PARAMS = 1e14  # 50x the largest dense model trained
 TOO_MANY = {"gpus": (cluster.MAX_GPUS, "where the search for the fewest that fit ends"), "layers": (10**5, "layers"),
             "d_model": (2**20, "d_model"), "heads": (2**16, "heads"), "vocab": (2**26, "tokens in a vocabulary"),
             "seq": (2**26, "tokens in a row"), "micro_batch": (2**20, "rows"),
-            "gpus_per_node": (2**10, "GPUs in a node")}
+            "gpus_per_node": (2**10, "GPUs in a node"), "host_cores": (2**14, "host cores")}
 SHAPE_FLAGS = ("layers", "d_model", "heads", "vocab")
 
 
@@ -108,6 +108,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--from", dest="results", type=Path, help="a results folder of GPU runs: its summary.json's GPU "
                    "memory, peak, MFU (over its steady steps, of runs whose ranks had a GPU each) and all-gather bus "
                    "bandwidth replace the assumptions; flags given still win")
+    p.add_argument("--host-cores", type=whole("host_cores"), default=steptime.HOST_CORES,
+                   help=f"the host's cores, for CPU Adam's step at world 1 with --from (default "
+                        f"{steptime.HOST_CORES}: the calibrating H200 machine's)")
     p.add_argument("--json", action="store_true", help="the plan as JSON, instead of the tables")
     p.add_argument("--plot", type=Path, help="memory and tokens/s per GPU against G, as a PNG (needs matplotlib)")
     return p.parse_args(argv)
@@ -218,7 +221,9 @@ def main(argv: list[str] | None = None) -> None:
         planned = inputs.Planned(model.name, i.seq, i.micro_batch, sources["mfu"] == "given")
         for warning in inputs.folder_warnings(folder, planned):
             print(f"plan.py: warning: {warning}", file=sys.stderr)
-    p = cluster.plan(model, i, sources, folder.calibration if folder else None)
+    world_one = steptime.world_one(folder.path, folder.at_world_one, model.name, i.micro_batch, i.checkpoint,
+                                   args.host_cores) if folder else None
+    p = cluster.plan(model, i, sources, folder.calibration if folder else None, world_one)
     write(json.dumps(p.as_dict(), indent=1) if args.json else output.text(p))
     if args.plot:
         try:

@@ -12,7 +12,7 @@ import pytest
 import plan
 from zero3bench import parts
 from zero3bench.accounting import host, predict, timing
-from zero3bench.planning import cluster, inputs
+from zero3bench.planning import cluster, inputs, steptime
 
 ROOT = Path(__file__).resolve().parents[1]
 GB, GIB = 1e9, 2**30
@@ -467,3 +467,44 @@ def test_with_stage_3_offloading_its_optimizer_a_node_holds_its_ranks_peak_resid
     peak = host.host_peak_bytes(3, 2, 8, math.ceil(model.params / 8), section, model.shape, model.params, False)
     assert rows(p, "3")[8]["host_per_node"] == pytest.approx(8 * peak)
     assert peak > (16 + 4) * model.params / 8  # more than its states and fp32 gradients: the process, pinned rounding
+
+
+STEP_LOGS = Path(__file__).resolve().parents[1] / "benchmarks/logs/h200/36-step-time"
+MB2 = STEP_LOGS / "1-default-mb2/results/20261203-125222-92vQ"
+MB16 = STEP_LOGS / "2-mb16/results/20261203-125629-37UC"
+
+
+@pytest.mark.parametrize("calibrating, held_out", [(MB16, MB2), (MB2, MB16)], ids=["from-mb16", "from-mb2"])
+def test_world_one_steps_of_every_setup_are_planned_from_the_other_micro_batchs_run_within_15_percent(calibrating,
+                                                                                                     held_out):
+    t = steptime.terms(calibrating)
+    errors = {m.setup: steptime.step_s(t, m, m.setup, m.micro_batch, m.checkpoint) / m.step_s - 1
+              for m in steptime.measured(held_out).values()}
+    assert sorted(errors) == ["0", "1", "2", "3", "3_infinity", "3_offload"]
+    assert max(map(abs, errors.values())) <= 0.15, errors
+
+
+def test_zero3s_own_cost_is_a_floor_the_compute_hides_at_world_one():
+    t = steptime.terms(MB2)
+    m = steptime.measured(MB2)["3"]
+    assert steptime.step_s(t, m, "3", 2, True) > 1.5 * steptime.step_s(t, m, "0", 2, True)
+    assert steptime.step_s(t, m, "3", 16, True) == steptime.step_s(t, m, "0", 16, True)
+
+
+def test_the_offload_host_part_scales_with_the_hosts_cores():
+    t = steptime.terms(MB16)
+    m = steptime.measured(MB16)["3_offload"]
+    stage3 = steptime.step_s(t, m, "3", 16, True)
+    full, half = (steptime.step_s(t, m, "3_offload", 16, True, cores) - stage3 for cores in (16, 8))
+    assert half == pytest.approx(2 * full)
+
+
+def test_the_plans_step_terms_name_the_calibrating_run():
+    assert steptime.terms(MB16).source == str(MB16)
+
+
+def test_a_plan_from_a_folder_of_every_setup_at_world_one_gives_each_setups_step_and_names_the_run(capsys):
+    p = planned(capsys, "--from", str(MB16), "--micro-batch", "2", "--gpus", "1")
+    assert p["world_one"]["source"] == str(MB16)
+    assert sorted(p["world_one"]["step_s"]) == ["0", "1", "2", "3", "3_infinity", "3_offload"]
+    assert "world_one" not in planned(capsys, "--gpus", "1")

@@ -264,6 +264,7 @@ BAD_FLAGS = [
     (["--context-gib", "200"], "--context-gib", "below 134.3"),  # larger than the GPU
     (["--gpu-mem-gib", "1e-300"], "--gpu-mem-gib", "from 1 to 1,048,576"),
     (["--gpus", "8.5"], "--gpus", "a whole number from 1 to 1,048,576"),
+    (["--host-cores", "0"], "--host-cores", "a whole number from 1 to 16,384"),
 ]
 BAD_RECORDS = [
     ({"seq": None}, "results.stage0[0].seq is null", "a whole number from 1"),

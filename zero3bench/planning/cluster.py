@@ -15,6 +15,7 @@ from zero3bench.accounting.shapes import ModelShape
 from zero3bench.options import run_from
 from zero3bench.accounting.timing import hfu_per_mfu
 from zero3bench.planning.inputs import Calibration
+from zero3bench.planning.steptime import WorldOne
 
 DTYPE = "bf16"  # the plan is of 16-bit training, the precision the peak FLOP/s are for
 WIDTH = predict.WIDTH[DTYPE]
@@ -128,6 +129,7 @@ class Plan:
     calibration: Calibration | None
     rows: list[Row] = field(default_factory=list)
     smallest_fitting_gpus: dict[str, int | None] = field(default_factory=dict)
+    world_one: WorldOne | None = None  # each setup's step at world 1, from the calibrating run (steptime.py)
 
     def label(self, setup: str) -> str:
         return label(setup, self.inputs)
@@ -141,7 +143,8 @@ class Plan:
         return {"model": {"name": m.name, "params": m.params, "shape": asdict(m.shape) if m.shape else None},
                 "dtype": DTYPE, "max_gpus": MAX_GPUS, "labels": {s: self.label(s) for s in self.inputs.stages},
                 "inputs": inputs, "sources": self.sources, "calibration": calibration,
-                "rows": [r.as_dict() for r in self.rows], "smallest_fitting_gpus": self.smallest_fitting_gpus}
+                "rows": [r.as_dict() for r in self.rows], "smallest_fitting_gpus": self.smallest_fitting_gpus,
+                **({"world_one": asdict(self.world_one)} if self.world_one else {})}
 
 
 # -----------------------------------------------------------------------------
@@ -284,8 +287,9 @@ def scaled(r: Row, base: Row) -> Row:
     return replace(r, scaling=Modes(mine.overlapped / theirs.overlapped, mine.serial / theirs.serial))
 
 
-def plan(model: Model, i: Inputs, sources: dict[str, str], calibration: Calibration | None) -> Plan:
+def plan(model: Model, i: Inputs, sources: dict[str, str], calibration: Calibration | None,
+         world_one: WorldOne | None = None) -> Plan:
     rows = [row(s, model, i, g, zero_section(s)) for s in i.stages for g in i.gpus]
     rows = [scaled(r, next(b for b in rows if b.setup == r.setup)) for r in rows]
     return Plan(model, i, sources, calibration, rows,
-                {s: smallest_fitting(s, model, i, zero_section(s)) for s in i.stages})
+                {s: smallest_fitting(s, model, i, zero_section(s)) for s in i.stages}, world_one)

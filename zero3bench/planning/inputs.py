@@ -16,6 +16,7 @@ from zero3bench.accounting import timing
 from zero3bench.formatting import gib
 from zero3bench.options import BadInput
 from zero3bench.result import RankResult
+from zero3bench.planning import steptime
 
 # Steps 1 to 3 are slower than the rest: step 1 allocates and selects kernels, and steps 2 and 3 ran 5 to 30%
 # over the steady time on H200s (benchmarks/logs/h200/21-verdict/1-cold/results/20261201-110054-sG16: 0.366 and
@@ -288,6 +289,7 @@ class Folder:
     curve: dict[int, float] | None  # the link's bus bandwidth by message bytes, within a node
     calibration: Calibration | None
     rehearsals: list[str]  # the runs whose ranks shared a GPU: their speed is not real, their memory is
+    at_world_one: dict[str, steptime.Measured]  # its runs on one GPU alone, by setup, for steptime.world_one
 
 
 def median_of(values: list[float | None]) -> float | None:
@@ -343,8 +345,9 @@ def read_folder(path: Path) -> Folder:
     curves = [r.link_busbw for rs in own_gpus.values() for r in rs
               if isinstance(r.link_busbw, dict) and one_node([r])]
     curve = {int(k): v for k, v in curves[0].items()} if curves else None
+    alone = steptime.at_world_one({name: rs[0] for name, rs in records.items() if rs and name not in rehearsals})
     return Folder(path, machine(runs, path, calibrated),
-                  ", ".join(devices) or None, curve, calibrated, rehearsals)
+                  ", ".join(devices) or None, curve, calibrated, rehearsals, alone)
 
 
 # -----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from zero3bench.formatting import format_table, gib
 from zero3bench.planning.cluster import DTYPE, MAX_GPUS, Inputs, Modes, Plan
+from zero3bench.planning.steptime import WorldOne
 
 
 def within(inputs: Inputs) -> str:
@@ -107,7 +108,16 @@ def text(p: Plan) -> str:
     gaps = [ESTIMATOR_GAPS[s] for s in p.inputs.stages if s in ESTIMATOR_GAPS]
     notes = NOTES + gaps + headroom_note(p) + (OFFLOAD_NOTES if offloaded else [])
     return "\n".join([*header(p), "", main_table(p), "", comm_table(p), "",
-                      f"smallest G on which the peak fits: {smallest}", "", *notes])
+                      f"smallest G on which the peak fits: {smallest}", "", *world_one_lines(p.world_one), *notes])
+
+
+def world_one_lines(w: WorldOne | None) -> list[str]:
+    """Each setup's step at world 1 as steptime.py plans it from the calibrating run, with the run named."""
+    if not w:
+        return []
+    steps = ", ".join(f"{setup} {s:.3f} s" for setup, s in sorted(w.step_s.items()))
+    return [f"step at world 1 ({w.model}, micro batch {w.micro_batch}, checkpointing "
+            f"{'on' if w.checkpoint else 'off'}, {w.host_cores} host cores; from {w.source}): {steps}", ""]
 
 
 def plot(p: Plan, path: Path) -> None:
