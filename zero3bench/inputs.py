@@ -114,6 +114,7 @@ def prediction_line(run: options.Run, config: dict[str, Any], world: int) -> str
     m = predicted_memory(run, config, world)
     runtime = "" if torch.cuda.is_available() else ", and a CPU process's runtime besides"
     if m.peak is None:  # activations.py does not know this model's block
-        return f"predicted per rank at {world} rank(s): model states {size(m.states)}; activations and peak not predicted"
+        return (f"predicted per rank at {world} rank(s): model states {size(m.states)}; activations and peak not "
+                "predicted")
     return (f"predicted per rank at {world} rank(s): model states {size(m.states)}, activations "
             f"{size(m.activations)}, peak {size(m.peak)}{runtime}")

@@ -41,7 +41,8 @@ class Measured:
     param_tensors: int
 
 
-NEEDED = ("model", "micro_batch", "checkpoint", "step_time_s", "seq", "flops_per_token", "params_total", "param_tensors")
+NEEDED = ("model", "micro_batch", "checkpoint", "step_time_s", "seq", "flops_per_token", "params_total",
+          "param_tensors")
 
 
 def at_world_one(records: dict[str, dict]) -> dict[str, Measured]:
