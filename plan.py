@@ -24,7 +24,7 @@ from typing import NamedTuple, NoReturn
 from zero3bench.accounting.shapes import DEFAULT_MODEL, PRESETS, ModelShape
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
-from zero3bench.options import BadInput
+from zero3bench.options import DEFAULT_SEQ, BadInput
 from zero3bench.planning import cluster, inputs, output, steptime
 from zero3bench.planning.cluster import SETUPS, Inputs, Model
 from zero3bench.accounting.timing import hfu_per_mfu
@@ -85,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = Parser(prog="plan.py", description="Plan a cluster: memory and step time per GPU, ZeRO stages 0-3 and "
                                            "FSDP2, from zero3bench/accounting/predict.py alone (no torch).")
     p.add_argument("--preset", choices=PRESETS, help=f"one of train_gpt.py's models (default {DEFAULT_MODEL})")
+    p.add_argument("--model", help="a Hugging Face config, as train_gpt.py's --model takes it (configs/models/NAME, a "
+                                   "config.json or its folder): counted on the meta device, without weights")
     for flag in SHAPE_FLAGS:
         p.add_argument(f"--{flag.replace('_', '-')}", type=whole(flag), help="a shape of your own, with the others")
     p.add_argument("--seq", type=whole("seq"), help="tokens per row (default: the preset's context; 1024 with "
@@ -116,6 +118,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def hf_shape(model: str) -> ModelShape:
+    """A Hugging Face config's shape (zero3bench/hf.py), which transformers counts on the meta device."""
+    from zero3bench import hf
+    path = hf.config_path(model)
+    if path is None:
+        raise BadInput(f"--model {model} is a preset: give it as --preset")
+    shape = hf.shape_of(hf.transformers_config(hf.read_config(path), path))
+    if not shape.activations_known:  # a plan's rows are its peaks
+        raise BadInput(f"--model {model}: its family's activations are not predicted (those of "
+                       f"{', '.join(hf.LLAMA_LAYER)} are), so no peak can be planned")
+    return shape
+
+
 def resolve_model(args: argparse.Namespace) -> Model:
     """The model from a preset, a shape of its own, or a parameter count alone (with a shape, --params replaces
     the GPT's count: the activations and the attention still follow the shape)."""
@@ -133,6 +148,11 @@ def resolve_model(args: argparse.Namespace) -> Model:
             raise BadInput(f"--layers {args.layers}, --d-model {args.d_model} and --vocab {args.vocab} make "
                            f"{shape.params:.3g} parameters: at most {number(MAX_PARAMS)} (50x the largest dense "
                            f"model), as --params")
+    elif args.model:
+        if args.preset or args.params:
+            raise BadInput("give --model, --preset or --params, one of them")
+        shape, name = hf_shape(args.model), args.model
+        shape = replace(shape, context=args.seq or min(shape.context, DEFAULT_SEQ))
     elif args.params and not args.preset:
         return Model("params", round(args.params))
     else:

@@ -116,3 +116,25 @@ def test_a_bad_config_exits_2_with_one_line_before_anything_starts(tmp_path):
     errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
     assert done.returncode == 2 and len(errors) == 1 and "Traceback" not in done.stderr
     assert errors[0].startswith("train_gpt.py: error: --model ")
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_plans_deepspeed_estimate_is_deepspeeds_own_on_the_built_model(family):
+    """plan.py --model's DS est. at stage 3 on 8 GPUs against estimate_zero3_model_states_mem_needs on the counts
+    that DeepSpeed's own model_to_params takes of the model (what estimate_..._all_live does), built on the CPU:
+    on the meta device every data_ptr is 0, and model_to_params' de-duplication would merge every tensor."""
+    stage3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+    _, config = inputs.chosen(TINY[family])
+    total, largest = stage3.model_to_params(transformers.AutoModelForCausalLM.from_config(config))
+    _, device, _ = stage3.estimate_zero3_model_states_mem_needs(total, largest, 8, 1, cpu_offload=False,
+                                                                cpu_offload_params=False)
+    command = [sys.executable, "plan.py", "--model", TINY[family], "--stages", "3", "--gpus", "8", "--json"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"][0]["deepspeed_estimate"] == device
+
+
+def test_plan_refuses_a_family_whose_peak_it_cannot_predict():
+    done = subprocess.run([sys.executable, "plan.py", "--model", NEOX], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not predicted" in done.stderr
