@@ -28,7 +28,7 @@ from zero3bench import compat, exits, finishing, fsdp2, hf, machine, options, pa
 from zero3bench.inputs import chosen, prediction_line, resolve
 from zero3bench.accounting import comms, measure
 from zero3bench.accounting.shapes import PRESETS, as_record
-from zero3bench.formatting import START, log, phase
+from zero3bench.formatting import START, log, phase, size
 from model import DTYPES, GPT, HuggingFace
 
 IMPORTED = time.time()  # where the run's timing (summary.json) puts the end of the imports
@@ -278,6 +278,12 @@ def start(run, config, tokens, r):
         raise
 
 
+def built_line(b):
+    how = f"partitioned as it was built ({b.partitioned})" if b.partitioned else "whole on this rank"
+    return (f"built {b.architecture} with {b.by}, {b.attention} attention, {how}; "
+            f"peak while building {size(b.peak_bytes)}")
+
+
 def build_and_train(run, config, tokens, r, device):
     if r.rehearsal:
         log(r.rank, f"REHEARSAL: {r.world_size} ranks share {r.gpus} GPU(s) over gloo: each rank's memory is real, "
@@ -288,6 +294,7 @@ def build_and_train(run, config, tokens, r, device):
                     + ("" if device.type == "cuda" else " of data added from now on"))
     with phase(r.rank, "building the model"):
         model, r.built = build_model(run, config, device)
+    log(r.rank, built_line(r.built))
     with phase(r.rank, "starting the DeepSpeed engine"):
         engine = build_engine(model, run, config)
     r.optimizer, r.ready_s = measure.optimizer_name(engine), time.perf_counter() - START

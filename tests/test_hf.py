@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-transformers = pytest.importorskip("transformers", reason="transformers is optional (pip install transformers "
-                                                          "accelerate)")
+transformers = pytest.importorskip("transformers", reason="transformers is optional (requirements-hf.txt)")
 pytest.importorskip("accelerate", reason="HfDeepSpeedConfig needs accelerate")
 import torch  # noqa: E402
 

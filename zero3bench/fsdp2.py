@@ -27,7 +27,8 @@ def shard(model: torch.nn.Module, dtype: torch.dtype, compile_blocks: bool) -> t
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     model.float()
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
-    for block in model.blocks:
+    # a Hugging Face model keeps its blocks under its own names; block_class is what both kinds share
+    for block in [m for m in model.modules() if isinstance(m, model.block_class)]:
         if compile_blocks:
             block.compile()
         fully_shard(block, mp_policy=policy)

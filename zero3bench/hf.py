@@ -15,7 +15,7 @@ from zero3bench.accounting.shapes import PRESETS, ModelShape, Tensors
 from zero3bench.options import BadInput
 
 BUNDLED = Path(__file__).resolve().parent.parent / "configs" / "models"  # --model NAME: configs/models/NAME.json
-INSTALL = "pip install transformers accelerate"
+INSTALL = "pip install -r requirements-hf.txt"
 # The families whose decoder layer is Llama's (RMSNorms, attention with grouped keys and values and rotary positions,
 # a gated SiLU MLP): predict.py's block of saved tensors is theirs, as tests/test_hf.py counts it on each. Another
 # family's activations are not predicted, nor its peak.

@@ -1,0 +1,94 @@
+"""A Hugging Face config trained end to end as the GPT is (issue 46): run.sh with the FSDP2 peer for a tiny Llama,
+and stage 3 alone for each other family that CI holds a tiny config of. Each launch runs once per session."""
+import math
+import sys
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is optional (requirements-hf.txt)")
+pytest.importorskip("accelerate", reason="HfDeepSpeedConfig needs accelerate")
+
+import report  # noqa: E402
+from conftest import ROOT, json_results, run, run_sh_once, shared  # noqa: E402
+from zero3bench.reporting import losses  # noqa: E402
+
+FAMILIES = ("qwen2", "mistral", "gpt-neox")
+PREDICTED = {"llama", "qwen2", "mistral"}  # the families whose activations the accounting models
+VOCAB = 512  # every tiny config's
+
+
+def tiny(family):
+    return str(ROOT / "tests" / "models" / f"tiny-{family}.json")
+
+
+@shared
+def hf_llama(tmp_path_factory):
+    """`bash run.sh --model tiny-llama --peer fsdp2`: stages 0 and 3 on 2 CPU ranks, then FSDP2."""
+    return run_sh_once(tmp_path_factory, "hf-llama", "--model", tiny("llama"), "--peer", "fsdp2")
+
+
+@shared
+def hf_families(tmp_path_factory):
+    """`python train_gpt.py --stage 3` in one process for each other family: {family: (process, its RESULT)}."""
+    folder = tmp_path_factory.mktemp("hf-families")
+    done = {}
+    for family in FAMILIES:
+        log = folder / f"{family}.log"
+        proc = run([sys.executable, "train_gpt.py", "--stage", "3", "--model", tiny(family)], log=log)
+        done[family] = (proc, json_results(log))
+    return done
+
+
+def every_result(hf_llama, hf_families):
+    """(family, run name, RESULT) for every rank of every launch."""
+    found = [("llama", name, r) for name, records in hf_llama.runs.items() for r in records]
+    return found + [(family, "stage3", r) for family, (_, records) in hf_families.items() for r in records]
+
+
+def test_run_sh_passes_the_verdict_for_a_hugging_face_llama_with_the_fsdp2_peer(hf_llama):
+    assert hf_llama.proc.returncode == report.EXIT["PASS"], hf_llama.proc.stdout[-3000:]
+    assert set(hf_llama.runs) == {"stage0", "stage3", "fsdp2"}
+    assert (hf_llama.folder / "summary.json").is_file() and (hf_llama.folder / "memory.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_trains_at_stage_3_in_one_process(hf_families, family):
+    proc, records = hf_families[family]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(records) == 1
+
+
+def test_the_model_is_built_by_transformers_and_partitioned_at_construction_only_under_zero3(hf_llama, hf_families):
+    for family, name, r in every_result(hf_llama, hf_families):
+        assert r["built"]["by"].startswith("transformers "), (family, name)
+        assert r["built"]["partitioned"] == ("zero.Init" if name == "stage3" else None), (family, name)
+
+
+def test_the_record_names_the_attention_and_the_peak_while_building(hf_llama, hf_families):
+    for family, name, r in every_result(hf_llama, hf_families):
+        assert r["built"]["attention"] == "sdpa", (family, name)
+        assert r["built"]["peak_bytes"] > 0, (family, name)
+
+
+def test_the_log_says_how_the_model_was_built(hf_llama):
+    log = (hf_llama.folder / "stage3.log").read_text()
+    assert "built LlamaForCausalLM with transformers " in log
+    assert "sdpa attention, partitioned as it was built (zero.Init); peak while building " in log
+    assert "whole on this rank" in (hf_llama.folder / "stage0.log").read_text()
+
+
+def test_stage_3_partitions_every_tensor_and_the_loss_falls(hf_llama, hf_families):
+    for family, name, r in every_result(hf_llama, hf_families):
+        if name == "stage3":
+            assert r["partitioned_tensors"] == r["param_tensors"] > 0, family
+        assert losses.loss_falls(r["losses"]), (family, name)
+
+
+def test_the_first_loss_is_that_of_a_uniform_guess_over_the_vocabulary(hf_llama, hf_families):
+    for family, name, r in every_result(hf_llama, hf_families):
+        assert r["losses"][0] == pytest.approx(math.log(VOCAB), rel=0.10), (family, name)
+
+
+def test_the_peak_is_predicted_only_for_the_families_whose_activations_are_modelled(hf_llama, hf_families):
+    for family, name, r in every_result(hf_llama, hf_families):
+        assert (r["predicted_peak_bytes"] is not None) == (family in PREDICTED), (family, name)
