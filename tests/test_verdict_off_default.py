@@ -12,7 +12,7 @@ import pytest
 import report
 from zero3bench import parts, rank_lines, result
 from zero3bench.reporting import defects, reading, theory, verdict
-from conftest import ROOT, facts, free_port, planted, record, run, shared
+from conftest import LAUNCHED_AS_RANK_0, ROOT, facts, free_port, planted, record, run, shared
 
 GIB = 2**30
 OLDEST = ROOT / "benchmarks" / "logs" / "h200" / "25-oldest"
@@ -259,8 +259,10 @@ def test_a_port_taken_before_a_stage_is_named(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        run(["deepspeed", "--num_gpus", "2", "--master_port", str(port), "train_gpt.py", "--stage", "3",
-             "--steps", "1"], log=log)
+        # one rank, as a launcher starts it: the deepspeed launcher would wait 30 s more for a rank stuck
+        # connecting to the taken port, which a SIGTERM does not reach
+        run([sys.executable, "train_gpt.py", "--stage", "3", "--steps", "1"], log=log,
+            env={**LAUNCHED_AS_RANK_0, "MASTER_PORT": str(port)})
     assert "EADDRINUSE" in reading.cause(log) or "ddress already in use" in reading.cause(log)
 
 

@@ -52,6 +52,22 @@ def ring_seconds(kind: str, nbytes: float, ranks: int, busbw: float) -> float:
     return nbytes * BUS_FACTOR[kind](ranks) / busbw
 
 
+# NCCL's own cost model of a ring call with its Simple protocol, which it picks for large messages, in seconds
+# (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, at b647562): a base latency, and one per step of the ring,
+# an NVLink hop's within a node and the network's between nodes. NCCL rings all-gathers and reduce-scatters.
+RING_BASE_S, NVLINK_STEP_S, NET_STEP_S = 8.4e-6, 3.4e-6, 14.0e-6
+
+
+def ring_latency(kind: str, ranks: int, ranks_per_node: int) -> float:
+    """One call's latency, as NCCL models it: G - 1 steps for an all-gather or a reduce-scatter, of which
+    nodes - 1 cross the network; twice G - 1 for an all-reduce, 2·nodes of them across."""
+    if ranks <= 1:
+        return 0.0
+    nodes = -(-ranks // ranks_per_node)
+    steps, across = (2 * (ranks - 1), 2 * nodes if nodes > 1 else 0) if kind == "all_reduce" else (ranks - 1, nodes - 1)
+    return RING_BASE_S + (steps - across) * NVLINK_STEP_S + across * NET_STEP_S
+
+
 def pass_flops(flops: float, checkpoint: bool) -> dict[str, float]:
     """A step's FLOPs by pass: forward a third and backward two thirds of 6N (2N + 4N), and with checkpointing
     the forward once more, recomputed during backward: 4/3 of flops in all."""

@@ -75,11 +75,14 @@ class Modes:
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective of a step (or one of offload's copies over the host link): its bytes and seconds alone."""
+    """One collective of a step (or one of offload's copies over the host link): its bytes, its calls and its
+    seconds alone, the calls' latency among them."""
     kind: str
     phase: str  # "forward", "backward" or "after"
     bytes: float
     s: float
+    calls: int = 1
+    latency_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -208,13 +211,24 @@ def bus_bandwidth(i: Inputs, link: str, kind: str, setup: str, model: Model, zer
     return 1e9 * (i.inter_busbw_gbs if link == "inter" else i.intra_busbw_gbs)
 
 
+def collective(kind: str, phase: str, nbytes: float, setup: str, model: Model, i: Inputs, world: int,
+               zero: dict[str, Any], link: str) -> Collective:
+    """One collective of a step: its bytes over the link's bus bandwidth, and a ring's latency for each of its
+    calls, one per block or bucket (timing.message_bytes)."""
+    stage, engine = SETUPS[setup]
+    call_bytes = timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero)
+    calls = max(1, math.ceil(nbytes / call_bytes)) if call_bytes else 1  # a model of --params alone: blocks unknown
+    latency = calls * timing.ring_latency(kind, world, i.gpus_per_node)
+    bandwidth = timing.ring_seconds(kind, nbytes, world, bus_bandwidth(i, link, kind, setup, model, zero))
+    return Collective(kind, phase, nbytes, bandwidth + latency, calls, latency)
+
+
 def step_collectives(setup: str, model: Model, i: Inputs, world: int, zero: dict[str, Any]) -> list[Collective]:
     """One rank's collectives in a step, each over the slowest link it crosses (the network once the ranks span
     nodes), and offload's copies over the host link."""
     stage, engine = SETUPS[setup]
     link = "inter" if world > i.gpus_per_node else "intra"
-    comm = [Collective(kind, phase, nbytes, timing.ring_seconds(kind, nbytes, world,
-                                                               bus_bandwidth(i, link, kind, setup, model, zero)))
+    comm = [collective(kind, phase, nbytes, setup, model, i, world, zero, link)
             for kind, phase, nbytes in timing.collectives(stage, engine, WIDTH, model.params, model.root)]
     copies = timing.host_copies(WIDTH, model.params / world) if offloads_optimizer(setup, i) else []
     copies += timing.param_fetches(WIDTH, model.params / world) if offloads_params(setup, i) else []

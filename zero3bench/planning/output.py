@@ -74,6 +74,8 @@ NOTES = [
     "step: serial = compute + every collective; overlapped = per pass the longer of its compute and its collectives,",
     "  plus one layer's share of those, which nothing hides, plus what runs after backward (stage 0's all-reduce,",
     "  stage 1's reduce-scatter, stages 1-2's all-gather, offload's copy back), each over the slowest link it crosses",
+    "collective: its bytes at the link's bus bandwidth, plus per call (one per block or bucket) a ring's latency as",
+    "  NCCL's own cost model gives it (Simple protocol: 8.4 us, 3.4 us per NVLink step, 14 us per network step)",
     "scaling: tokens/s per GPU against the smallest G planned; above 100% where each GPU's work falls with G",
     "  (offload's copies, of a 1/G partition)",
     "DS est.: DeepSpeed's estimate_zero2/zero3_model_states_mem_needs per GPU, which has none for stage 0 or FSDP2;",
