@@ -442,9 +442,14 @@ PEAK_TOLERANCE = 0.05
 # output layer's backward was measured (benchmarks/logs/h200/30-steady/1-probe), where the 350m model offloaded on
 # one rank had been +5.4%, only parameter offload (ds_config_stage3_infinity.json), whose GPU buffers are not
 # modelled (issue 47, item 2): 2.49 GiB measured against 1.31 at micro batch 2, 5.65 against 4.98 at 16.
+# Hugging Face models (39-hf, issue 46): at stage 3 on 4 rehearsed ranks with checkpointing, Llama 3.2 1B's peak
+# is at backward's start, 0.40 GiB above the prediction, and Mistral's 4 layers' at the prefetch, 0.30 GiB below it;
+# each family's 1-rank runs and its stages 0 to 2 are within 2.5%.
 PEAK_MISSES: dict[str, float] = {
     "h200/36-step-time/1-default-mb2/results/20261203-125222-92vQ/summary.json stage3 G1 mb2 ck1": -0.473,
-    "h200/36-step-time/2-mb16/results/20261203-125629-37UC/summary.json stage3 G1 mb16 ck1": -0.12}
+    "h200/36-step-time/2-mb16/results/20261203-125629-37UC/summary.json stage3 G1 mb16 ck1": -0.12,
+    "h200/39-hf/1-llama/results/20261204-040054-mcYy/summary.json stage3 G4 mb2 ck1": -0.055,
+    "h200/39-hf/2-others/results/20261204-040835-PMrW/summary.json stage3 G4 mb2 ck1": 0.054}
 
 
 def run_name(r):
@@ -498,14 +503,14 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     for summary, r in records(LOGS):
         if not predictable(r):
             continue
-        finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
+        finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
         miss = r.predicted.peak / training_peak(r) - 1
         covered.add((summary.relative_to(LOGS).parts[1], r.run.model, run_name(r)))
         if abs(miss) > PEAK_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
     assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default",
                                                     "27-suite-matrix", "28-suite-matrix", "29-live", "30-steady", "31-suite",
-                                                    "32-s12", "33-suite", "34-s1", "36-step-time"}
+                                                    "32-s12", "33-suite", "34-s1", "36-step-time", "39-hf"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
@@ -536,7 +541,7 @@ def test_the_predicted_model_states_are_within_1_percent_of_every_committed_run_
     for summary, r in records(LOGS):
         if not (r.model_state_breakdown and r.steps and not r.oom and (r.zero_config or r.run.engine == "fsdp2")):
             continue
-        finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config or {})
+        finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
         miss = r.predicted.states / r.model_state_bytes - 1
         if version(r.env.deepspeed) < version(OLDEST_DEEPSPEED):
             old.update({(r.env.deepspeed, f"{r.run.model} {run_name(r)}"): round(miss, 3)} if abs(miss) > 0.01 else {})
@@ -553,7 +558,7 @@ def test_the_8_rank_stage_0_rehearsal_that_ran_out_of_memory_was_predicted_not_t
     oom = [r for r in peak_runs() if r.oom]
     assert {run_name(r) for r in oom} == {"stage0 G8 mb2 ck1"}
     r = oom[0]
-    shape = t.PRESETS[r.run.model]
+    shape = result.shape_of(r)
     peak = rank_memory(dataclasses.replace(r.run, stage=0, offload={}), shape, Counts.of_shape(shape), {},
                        Seat(r.world_size)).peak
     assert r.ranks_per_gpu * peak > r.peaks.device_total_bytes
@@ -602,8 +607,8 @@ def test_fp16_at_stage_3_on_2_h200_ranks_peaks_at_its_overflow_check_within_1_pe
     for path, name in {"2-probe/results/fp16_p12_r2/20261201-221859-A7dr": "stage3_p12",
                        "3-suite/gpu_fp160/20261201-224004-Ka1m": "stage3"}.items():
         for r in committed(f"h200/26-off-default/{path}/summary.json", name):
-            finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
-            shape = t.PRESETS[r.run.model]
+            finishing.add_predictions(r, result.shape_of(r), r.zero_config)
+            shape = result.shape_of(r)
             m = rank_memory(run(3, dtype="fp16", micro_batch=2, seq=r.run.seq, checkpoint=True), shape,
                             dataclasses.replace(Counts.of_shape(shape), params=r.shards.params_total,
                                                 shard=r.shards.local_param_elems), r.zero_config, Seat(2))
@@ -696,7 +701,7 @@ def test_the_stage_3_timelines_peak_within_5_percent_of_the_prediction_at_every_
             continue
         peak = float(summary.read_text().split("peak ")[1].split(" GiB")[0]) * 2**30
         judged.append(f"{log.parent.name}/{tag}")
-        finishing.add_predictions(r, t.PRESETS[r.run.model], r.zero_config)
+        finishing.add_predictions(r, result.shape_of(r), r.zero_config)
         if abs(r.predicted.peak / peak - 1) > PEAK_TOLERANCE:
             misses[tag] = round(r.predicted.peak / peak - 1, 3)
     # the 9 timelines less the 1-rank ones (offload_r1, offload350m_r1) and fp16's (original3_r4)
@@ -721,7 +726,7 @@ def test_stage_3_reductions_in_backward_are_predicted_within_3_percent_of_the_tr
     assert traced == REDUCTION_TRACES[log]
     lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
-    shape = t.PRESETS[r.run.model]
+    shape = result.shape_of(r)
     m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.shards.local_param_elems),
                     r.zero_config, Seat(r.world_size))
     assert abs((m.held + m.gathered + m.scatter) / 2**30 / traced - 1) < 0.03
@@ -735,7 +740,7 @@ def committed(path, run):
 def miss_with_todays_config(r):
     """The prediction's miss of a run without a recorded config, with its stage's config as it is today."""
     zero = json.loads(stages.config_path(r.run.stage).read_text())["zero_optimization"]
-    finishing.add_predictions(r, t.PRESETS[r.run.model], zero)
+    finishing.add_predictions(r, result.shape_of(r), zero)
     return r.predicted.peak / training_peak(r) - 1
 
 
@@ -830,7 +835,7 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
         predicted = theory.predicted_host_peak(r) if r.peaks.host_peak_rss_bytes and r.steps else None
         if predicted:
             found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.peaks.host_peak_rss_bytes - 1
-    assert len({run for run, _, _ in found}) == 20  # 36-step-time's two offloaded runs among them
+    assert len({run for run, _, _ in found}) == 21  # 36-step-time's two offloaded runs and 39-hf's Llama among them
     assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
 
 

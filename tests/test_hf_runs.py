@@ -9,8 +9,9 @@ pytest.importorskip("transformers", reason="transformers is optional (requiremen
 pytest.importorskip("accelerate", reason="HfDeepSpeedConfig needs accelerate")
 
 import report  # noqa: E402
-from conftest import ROOT, json_results, run, run_sh_once, shared  # noqa: E402
-from zero3bench.reporting import losses  # noqa: E402
+from conftest import ROOT, json_results, planted, run, run_sh_once, shared  # noqa: E402
+from zero3bench import result  # noqa: E402
+from zero3bench.reporting import losses, theory  # noqa: E402
 
 FAMILIES = ("qwen2", "mistral", "gpt-neox")
 PREDICTED = {"llama", "qwen2", "mistral"}  # the families whose activations the accounting models
@@ -92,3 +93,19 @@ def test_the_first_loss_is_that_of_a_uniform_guess_over_the_vocabulary(hf_llama,
 def test_the_peak_is_predicted_only_for_the_families_whose_activations_are_modelled(hf_llama, hf_families):
     for family, name, r in every_result(hf_llama, hf_families):
         assert (r["predicted_peak_bytes"] is not None) == (family in PREDICTED), (family, name)
+
+
+def test_a_hugging_face_loss_that_stops_falling_fails_c(hf_llama, tmp_path, capsys):
+    def flat_after_step_1(r):
+        return {**r, "losses": [r["losses"][0]] * len(r["losses"])}
+    assert report.main([str(planted(hf_llama.folder, tmp_path, "stage3", flat_after_step_1))]) == report.EXIT["FAIL"]
+    assert "stage 3 does not fall as it should" in capsys.readouterr().out
+
+
+def test_the_verdict_predicts_the_peak_from_the_shape_the_record_carries(hf_llama, hf_families):
+    """(b) on GPUs judges the peak against theory.predicted_peak, which a Hugging Face model, no preset, gets from
+    its record's shape; a family whose activations are not modelled gets none."""
+    llama = result.RankResult.from_dict(hf_llama.runs["stage3"][0])
+    assert theory.predicted_peak(llama) == pytest.approx(llama.predicted.peak, rel=0.01)
+    neox = result.RankResult.from_dict(hf_families["gpt-neox"][1][0])
+    assert theory.predicted_peak(neox) is None

@@ -7,8 +7,7 @@ from dataclasses import replace
 from typing import NamedTuple, Optional
 
 from zero3bench import options
-from zero3bench.accounting.shapes import PRESETS
-from zero3bench.result import RankResult
+from zero3bench.result import RankResult, shape_of
 from .bounds import DESIGN_LOSS, FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, WEIGHTS_RTOL
 from .figures import Loss
 from .reading import Results, failed, status
@@ -72,7 +71,7 @@ def loss(dense: Results, zero3: Results) -> tuple[str, Loss]:
     if f.steps < FALLING_STEPS and not f.misses:
         return "NOT OBSERVABLE", f
     if f.misses and alike(f) and at_own_rate(zero3[0]):
-        return "NOT OBSERVABLE", replace(f, own_rate=zero3[0].run.lr, preset_rate=PRESETS[zero3[0].run.model].lr)
+        return "NOT OBSERVABLE", replace(f, own_rate=zero3[0].run.lr, preset_rate=shape_of(zero3[0]).lr)
     return ("FAIL" if f.misses else "PASS"), f
 
 
@@ -85,7 +84,7 @@ def alike(f: Loss) -> bool:
 def at_own_rate(r: RankResult) -> bool:
     """The run trained at a rate of its own (its config's or --lr's), not its model's preset: one at which the
     loss does not fall, alike at both stages, says nothing of ZeRO-3 (the original design's 1e-4 rose at both)."""
-    preset = PRESETS.get(r.run.model)
+    preset = shape_of(r)
     return bool(r.run.lr and preset and preset.lr and not math.isclose(r.run.lr, preset.lr))
 
 

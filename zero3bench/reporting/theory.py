@@ -5,9 +5,8 @@ formula that train_gpt.py --check, the plan and each RESULT's predicted peak use
 """
 from zero3bench.accounting import host, predict
 from zero3bench.accounting.memory import Counts, rank_memory
-from zero3bench.accounting.shapes import PRESETS
 from zero3bench.finishing import partition, seat
-from zero3bench.result import RankResult
+from zero3bench.result import RankResult, shape_of
 
 # (b) expects stage 3's peak to fall against stage 0's as memory.rank_memory predicts for the two runs, and stage
 # 3's peak may exceed its predicted share of stage 0's by this factor, for what theory leaves out. At the default
@@ -26,8 +25,9 @@ UNRECORDED = {"stage3_max_live_parameters": 0}
 
 def predicted_peak(r: RankResult) -> float | None:
     """One rank's peak as memory.rank_memory gives it for the run's settings alone (what train_gpt.py --check
-    says), not from what the rank counted; None for a model that is no preset."""
-    shape = PRESETS.get(r.run.model)
+    says), not from what the rank counted; None for a model of no known shape, or whose activations are not
+    predicted."""
+    shape = shape_of(r)
     if shape is None:
         return None
     return rank_memory(r.run, shape, Counts.of_shape(shape), r.zero_config or UNRECORDED, seat(r)).peak
@@ -36,7 +36,7 @@ def predicted_peak(r: RankResult) -> float | None:
 def predicted_host_peak(r: RankResult) -> float | None:
     """A GPU rank's peak resident set on the host where it offloads its optimizer at stage 3 (host.host_peak_bytes,
     at its partition and its config as DeepSpeed read it); None otherwise, or where the record lacks them."""
-    shape = PRESETS.get(r.run.model)
+    shape = shape_of(r)
     if shape is None or not r.zero_config or r.mem_kind != "cuda" or r.shards.params_total is None:
         return None
     return host.host_peak_bytes(r.run.stage, predict.WIDTH[r.run.dtype], r.world_size, partition(r), r.zero_config,
