@@ -447,10 +447,11 @@ def test_the_allocators_reserve_covers_every_committed_h200_run_of_the_projects_
     from test_accounting import LOGS, predictable, records
     from zero3bench.accounting.memory import rank_memory
     from zero3bench.finishing import counted, seat
+    from zero3bench.result import shape_of
     worst = 0
     for _, r in records(LOGS):
         if predictable(r) and "_original" not in r.run.config:  # the original design's 5e8 buckets fragment more
-            shape = plan.PRESETS[r.run.model]
+            shape = shape_of(r)
             m = rank_memory(r.run, shape, counted(r, shape), r.zero_config or {}, seat(r))
             worst = max(worst, max(s.memory.peak_reserved_bytes for s in r.steps) - m.reserved)
     assert 1 * GIB < worst <= plan.ASSUMED["reserve_gib"][0] * GIB
