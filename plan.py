@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         for warning in inputs.folder_warnings(folder, planned):
             print(f"plan.py: warning: {warning}", file=sys.stderr)
     world_one = steptime.world_one(folder.path, folder.at_world_one, model.name, i.micro_batch, i.checkpoint,
-                                   args.host_cores) if folder else None
+                                   args.host_cores, i.host_gbs) if folder else None
     p = cluster.plan(model, i, sources, folder.calibration if folder else None, world_one)
     write(json.dumps(p.as_dict(), indent=1) if args.json else output.text(p))
     if args.plot:

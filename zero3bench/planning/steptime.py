@@ -1,29 +1,53 @@
 """
 A step's time at world 1, per setup, from one calibrating run (a results folder that trained stages 0-3,
-3_offload and 3_infinity at one micro batch), at another micro batch or checkpointing (issue 47, item 1).
-torch-free. The terms, each with its source:
-- stage 0: a cost per step that no micro batch moves (the optimizer's pass, the engine's own work), per
-  parameter, from the two committed micro batches of FIXED_SOURCES, plus each row's hardware FLOPs at the
-  calibrating run's marginal rate;
-- stages 1 and 2: stage 0 plus their own cost per step over it, as the calibrating run measured it;
-- stage 3: ZeRO-3's own cost per step (its hooks, per parameter tensor) is a floor that the GPU's compute hides
-  once it is longer (1.3b at micro batch 2: 0.291 s against stage 0's 0.170; at 16: 0.392 against 0.407);
-- offload (3_offload, 3_infinity): stage 3 plus the host's part, CPU Adam and the copies over the host link,
-  which no micro batch moves (1.590 s and 1.616 s at micro batch 2 and 16); CPU Adam scales with the
-  parameters over the host's cores.
+3_offload and 3_infinity at one micro batch) and the hardware constants below, at another micro batch or
+checkpointing (issue 47, item 1). torch-free.
+
+A step is the longer of two clocks through its passes, then what the host does alone:
+- the host's clock: launching each pass (forward, backward, and with checkpointing the forward again), per
+  parameter tensor (a block's modules, and so its kernels, go with its tensors); and each engine's own cost per
+  step over stage 0's, per parameter tensor: ZeRO-3's hooks, which neither the micro batch nor the recomputed
+  forward moves (stage 3 less stage 0 where both wait on the host: 0.121 s with checkpointing in 36-step-time's
+  92vQ; without it, stage 3's 0.243 and 0.236 s at micro batch 2 and 8 in 38-step-time2 leave 0.126 and 0.119
+  over the launches);
+- the GPU's clock: the optimizer's pass, per parameter, and each row's hardware FLOPs (the recomputed forward's
+  too) at the GPU's rate. An offloaded optimizer leaves the GPU no pass of its own: 3_offload's step grows 0.026 s
+  from micro batch 2 to 16 (36-step-time), where stage 0's cost per step would have made it 0.14;
+- offload: the copies over the host link (timing.host_copies, and param_fetches with offload_param) and CPU Adam,
+  which no pass hides. CPU Adam is what the calibrating run's offload step leaves, on its host's cores, per setup:
+  1.19 s for 3_offload and 0.45 to 0.49 for 3_infinity, the same optimizer, with what else DeepSpeed does on the
+  host around it, which no run here separates (BENCHMARKS.md, "Offload's real cost").
+
+The calibrating run sets the clock that holds it, as the constants judge which one does: at micro batch 2 with
+checkpointing (92vQ) the host's, the launches and each engine's own cost; at 16 (37UC) the GPU's rate. The
+constants stand for the rest. Fitted on 5 of the 26 world-1 runs that tests/test_plan.py checks (two stage 0 runs
+for the GPU, three stage 3 runs for ZeRO-3's hooks) and on three runs outside them (the launches); from either
+calibrating run each of the 26 is planned within 15%: the worst of the 18 that 92vQ's plan holds out is 11.6%, of
+the 15 that 37UC's holds out 8.7%.
 """
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from zero3bench.accounting.timing import hfu_per_mfu
-from zero3bench.stages import ROOT
+from zero3bench.accounting import timing
+from zero3bench.accounting.predict import WIDTH
 
-LOGS = ROOT / "benchmarks/logs/h200/36-step-time"
-# Two calibrations of 1.3b at world 1 a micro batch apart (2 and 16, checkpointing on), which split stage 0's step
-# into its cost per step and its cost per row.
-FIXED_SOURCES = (LOGS / "1-default-mb2/results/20261203-125222-92vQ", LOGS / "2-mb16/results/20261203-125629-37UC")
+# The H200's rate on a row's hardware FLOPs and its optimizer's pass per parameter: the line through stage 0 of
+# 1.3b without checkpointing at micro batch 8 and 16 (benchmarks/logs/h200/38-step-time2: 9DfY 0.216 s, 8zcB
+# 0.346 s), 534.5 TFLOP/s and 0.086 s; it gives micro batch 2 (7Iky, 0.118 s) 0.119 s.
+GPU_FLOPS_PER_S = 534.5e12
+OPTIMIZER_S_PER_PARAM = 6.561e-11
+# The host's time to launch one pass, per parameter tensor: stage 0 of 1.3b (292 tensors) at micro batch 2 with
+# checkpointing (3 passes) in three 30-step runs alone on one H200 (benchmarks/logs/h200: 26-off-default,
+# 28-suite-matrix and 29-live's steady30: 0.183, 0.175 and 0.166 s), none of the 26.
+LAUNCH_S_PER_TENSOR_PASS = 1.992e-4
+# Each engine's own host cost per step over stage 0's, per parameter tensor, by stage. Stage 3's is ZeRO-3's
+# hooks: stage 3 of 1.3b where its steps wait on the host, less the launches above (38-step-time2: ALeK 0.265 s
+# at micro batch 8 with checkpointing, 7Iky 0.243 at 2 and 9DfY 0.236 at 8 without; 0.112 s). Stages 1 and 2
+# partition nothing at world 1: none.
+OWN_S_PER_TENSOR = {1: 0.0, 2: 0.0, 3: 3.841e-4}
 HOST_CORES = 16  # the calibrating host's cores: one H200's machine (nvidia-h200: 16 CPU cores)
+HOST_GBS = 50.0  # its host link, not measured: PCIe 5.0 x16, about 0.8 of 64 GB/s, as plan.py's --host-gbs
 OFFLOADS = ("3_offload", "3_infinity")
 
 
@@ -32,6 +56,7 @@ class Measured:
     """One setup's steady step at world 1, as its record says it."""
     setup: str
     model: str
+    stage: int
     micro_batch: int
     checkpoint: bool
     step_s: float
@@ -39,15 +64,17 @@ class Measured:
     flops_per_token: float
     params: int
     param_tensors: int
+    offloads: frozenset[str]  # what it keeps on the host: "optimizer", "param"
 
 
-NEEDED = ("model", "micro_batch", "checkpoint", "step_time_s", "seq", "flops_per_token", "params_total",
+NEEDED = ("model", "stage", "micro_batch", "checkpoint", "step_time_s", "seq", "flops_per_token", "params_total",
           "param_tensors")
 
 
 def at_world_one(records: dict[str, dict]) -> dict[str, Measured]:
     """The world-1 runs that timed steps, by setup ("0", "3_offload", ...), of each run's first record."""
-    return {name.removeprefix("stage"): Measured(name.removeprefix("stage"), *(r[k] for k in NEEDED))
+    return {name.removeprefix("stage"): Measured(name.removeprefix("stage"), *(r[k] for k in NEEDED),
+                                                 frozenset(k for k, v in (r.get("offload") or {}).items() if v))
             for name, r in records.items()
             if r.get("world_size") == 1 and all(r.get(k) is not None for k in NEEDED) and r["step_time_s"]}
 
@@ -58,59 +85,94 @@ def measured(folder: Path) -> dict[str, Measured]:
     return at_world_one({name: rs[0] for name, rs in runs.items() if rs and isinstance(rs[0], dict)})
 
 
+# -----------------------------------------------------------------------------
+# the two clocks and the host's part alone
+
+
+def passes(checkpoint: bool) -> int:
+    """The passes the host launches in a step: forward and backward, and with checkpointing the forward again."""
+    return 3 if checkpoint else 2
+
+
 def row_flops(m: Measured, checkpoint: bool) -> float:
     """One row's hardware FLOPs in a step (the recomputed forward too)."""
-    return m.seq * m.flops_per_token * hfu_per_mfu(checkpoint)
+    return m.seq * m.flops_per_token * timing.hfu_per_mfu(checkpoint)
 
 
-def fixed_s_per_param(a: Measured, b: Measured) -> float:
-    """Stage 0's cost per step that no micro batch moves, per parameter: the intercept of two micro batches."""
-    per_row = (b.step_s - a.step_s) / (b.micro_batch - a.micro_batch)
-    return (a.step_s - per_row * a.micro_batch) / a.params
+def optimizer_s(m: Measured) -> float:
+    """The optimizer's pass on the GPU, where the GPU runs the optimizer."""
+    return 0 if "optimizer" in m.offloads else OPTIMIZER_S_PER_PARAM * m.params
+
+
+def gpu_s(m: Measured, micro_batch: int, checkpoint: bool, flops_per_s: float) -> float:
+    """The GPU's clock: the optimizer's pass and the rows' FLOPs at the GPU's rate."""
+    return optimizer_s(m) + micro_batch * row_flops(m, checkpoint) / flops_per_s
+
+
+def launch_s(launch_s_per_tensor_pass: float, m: Measured, checkpoint: bool) -> float:
+    return launch_s_per_tensor_pass * m.param_tensors * passes(checkpoint)
+
+
+def copies_s(m: Measured, host_gbs: float) -> float:
+    """Offload's copies over the host link in a step: the gradients out and the updated weights back, and with
+    offload_param the weights in for forward and backward (timing.py's bytes)."""
+    copies = timing.host_copies(WIDTH["bf16"], m.params) if "optimizer" in m.offloads else []
+    copies += timing.param_fetches(WIDTH["bf16"], m.params) if "param" in m.offloads else []
+    return sum(nbytes for _, nbytes in copies) / (host_gbs * 1e9)
 
 
 @dataclass(frozen=True)
 class Terms:
-    """What a world-1 step is made of, from one calibrating run (source)."""
+    """What a world-1 step is made of: the constants, and what the calibrating run (source) measured in their place
+    where its clock showed it."""
     source: str
-    fixed_s: float  # stage 0's cost per step (FIXED_SOURCES)
-    flops_per_s: float  # the hardware's marginal rate per row, the calibrating run's
-    over_stage0_s: dict[str, float]  # stages 1 and 2: their own cost per step over stage 0
-    zero3_s_per_tensor: float  # ZeRO-3's own cost per step, per parameter tensor
-    host_s: dict[str, float]  # offload: CPU Adam and the copies, per step, on HOST_CORES cores
-    param_tensors: int
+    gpu_flops_per_s: float  # its stage 0's where the GPU holds it, else GPU_FLOPS_PER_S
+    launch_s_per_tensor_pass: float  # its stage 0's where the host holds it, else LAUNCH_S_PER_TENSOR_PASS
+    own_s_per_tensor: dict[int, float]  # by stage: its own where the host holds it, else OWN_S_PER_TENSOR's
+    cpu_adam_s: dict[str, float]  # by offload setup, on HOST_CORES cores
 
 
-def zero3_floor(cal: dict[str, Measured], fallback: dict[str, Measured]) -> float:
-    """ZeRO-3's own cost per step, per parameter tensor: the calibrating run's stage 3 where it is slower than its
-    stage 0 (the floor shows), else FIXED_SOURCES' first run's."""
-    run = cal if cal["3"].step_s > cal["0"].step_s else fallback
-    return run["3"].step_s / run["3"].param_tensors
+def host_s(t: Terms, m: Measured, checkpoint: bool) -> float:
+    """The host's clock through the passes: launching them, and the engine's own cost (ZeRO-3's hooks)."""
+    return launch_s(t.launch_s_per_tensor_pass, m, checkpoint) + t.own_s_per_tensor.get(m.stage, 0) * m.param_tensors
+
+
+def passes_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool) -> float:
+    return max(host_s(t, m, checkpoint), gpu_s(m, micro_batch, checkpoint, t.gpu_flops_per_s))
+
+
+def step_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool, cores: int = HOST_CORES,
+           host_gbs: float = HOST_GBS) -> float:
+    """The planned step at world 1 of m's setup (its shape and setup, not its step): the longer clock through the
+    passes, then offload's copies and CPU Adam on the host's cores."""
+    alone = copies_s(m, host_gbs) + t.cpu_adam_s[m.setup] * HOST_CORES / cores if m.setup in t.cpu_adam_s else 0
+    return passes_s(t, m, micro_batch, checkpoint) + alone
+
+
+# -----------------------------------------------------------------------------
+# the terms from a calibrating run
 
 
 def terms(folder: Path, cal: dict[str, Measured] | None = None) -> Terms:
-    """The terms from the calibrating folder's world-1 runs (cal, where they are read already)."""
+    """The terms from the calibrating folder's world-1 runs (cal, where they are read already): its stage 0 sets
+    the GPU's rate or the launches, whichever clock the constants say holds it; stages 1-3 their own cost where
+    the host holds them; each offload setup its CPU Adam, what its step leaves after the passes and the copies."""
     cal = cal or measured(folder)
-    a, b = (measured(f)["0"] for f in FIXED_SOURCES)
     s0 = cal["0"]
-    fixed = fixed_s_per_param(a, b) * s0.params
-    return Terms(str(folder), fixed, s0.micro_batch * row_flops(s0, s0.checkpoint) / (s0.step_s - fixed),
-                 {s: cal[s].step_s - s0.step_s for s in ("1", "2")},
-                 zero3_floor(cal, measured(FIXED_SOURCES[0])),
-                 {s: cal[s].step_s - max(cal["3"].step_s, cal["0"].step_s) for s in OFFLOADS}, s0.param_tensors)
-
-
-def stage0_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool) -> float:
-    return t.fixed_s + micro_batch * row_flops(m, checkpoint) / t.flops_per_s
-
-
-def step_s(t: Terms, m: Measured, setup: str, micro_batch: int, checkpoint: bool, cores: int = HOST_CORES) -> float:
-    """The planned step of a setup at world 1 for the model m describes (its shape, not its step)."""
-    base = stage0_s(t, m, micro_batch, checkpoint)
-    if setup in ("0", "1", "2"):
-        return base + t.over_stage0_s.get(setup, 0.0)
-    stage3 = max(base, t.zero3_s_per_tensor * m.param_tensors)
-    return stage3 + t.host_s[setup] * HOST_CORES / cores if setup in OFFLOADS else stage3
+    rate, launch = GPU_FLOPS_PER_S, LAUNCH_S_PER_TENSOR_PASS
+    if gpu_s(s0, s0.micro_batch, s0.checkpoint, rate) >= launch_s(launch, s0, s0.checkpoint):
+        rate = s0.micro_batch * row_flops(s0, s0.checkpoint) / (s0.step_s - optimizer_s(s0))
+    else:
+        launch = s0.step_s / (s0.param_tensors * passes(s0.checkpoint))
+    own = {}
+    for stage, constant in OWN_S_PER_TENSOR.items():
+        m = cal[str(stage)]
+        launches = launch_s(launch, m, m.checkpoint)
+        host_holds = gpu_s(m, m.micro_batch, m.checkpoint, rate) < launches + constant * m.param_tensors
+        own[stage] = (m.step_s - launches) / m.param_tensors if host_holds else constant
+    t = Terms(str(folder), rate, launch, own, {})
+    return replace(t, cpu_adam_s={s: cal[s].step_s - passes_s(t, cal[s], cal[s].micro_batch, cal[s].checkpoint)
+                                  - copies_s(cal[s], HOST_GBS) for s in OFFLOADS})
 
 
 @dataclass(frozen=True)
@@ -125,11 +187,11 @@ class WorldOne:
 
 
 def world_one(folder: Path, cal: dict[str, Measured], model: str, micro_batch: int, checkpoint: bool,
-              cores: int) -> WorldOne | None:
+              cores: int, host_gbs: float) -> WorldOne | None:
     """The plan's world-1 steps where the folder trained every setup at world 1 (cal) with the model planned;
     else None (a calibration of one model says nothing of another's ZeRO-3 or host cost)."""
     if not {"0", "1", "2", "3", *OFFLOADS} <= set(cal) or {m.model for m in cal.values()} != {model}:
         return None
     t = terms(folder, cal)
     return WorldOne(str(folder), model, micro_batch, checkpoint, cores,
-                    {s: step_s(t, cal[s], s, micro_batch, checkpoint, cores) for s in cal})
+                    {s: step_s(t, m, micro_batch, checkpoint, cores, host_gbs) for s, m in cal.items()})
