@@ -441,19 +441,24 @@ PEAK_TOLERANCE = 0.05
 # Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss. Since the
 # output layer's backward was measured (benchmarks/logs/h200/30-steady/1-probe), where the 350m model offloaded on
 # one rank had been +5.4%, only parameter offload (ds_config_stage3_infinity.json), whose GPU buffers are not
-# modelled (issue 47, item 2): 2.49 GiB measured against 1.31 at micro batch 2, 5.65 against 4.98 at 16.
+# modelled (issue 47, item 2): 2.49 GiB measured against 1.31 at micro batch 2, 5.65 against 4.98 at 16; 38-step-time2's
+# at micro batch 8 and at 2 without checkpointing likewise (its 16 without, 8zcB, within 5%).
 # Hugging Face models (39-hf, issue 46): at stage 3 on 4 rehearsed ranks with checkpointing, Llama 3.2 1B's peak
 # is at backward's start, 0.40 GiB above the prediction, and Mistral's 4 layers' at the prefetch, 0.30 GiB below it;
 # each family's 1-rank runs and its stages 0 to 2 are within 2.5%.
 PEAK_MISSES: dict[str, float] = {
-    "h200/36-step-time/1-default-mb2/results/20261203-125222-92vQ/summary.json stage3 G1 mb2 ck1": -0.473,
-    "h200/36-step-time/2-mb16/results/20261203-125629-37UC/summary.json stage3 G1 mb16 ck1": -0.12,
+    "h200/36-step-time/1-default-mb2/results/20261203-125222-92vQ/summary.json stage3_infinity G1 mb2 ck1": -0.473,
+    "h200/36-step-time/2-mb16/results/20261203-125629-37UC/summary.json stage3_infinity G1 mb16 ck1": -0.12,
+    "h200/38-step-time2/results/20261204-042628-ALeK/summary.json stage3_infinity G1 mb8 ck1": -0.21,
+    "h200/38-step-time2/results/20261204-043149-7Iky/summary.json stage3_infinity G1 mb2 ck0": -0.151,
     "h200/39-hf/1-llama/results/20261204-040054-mcYy/summary.json stage3 G4 mb2 ck1": -0.055,
     "h200/39-hf/2-others/results/20261204-040835-PMrW/summary.json stage3 G4 mb2 ck1": 0.054}
 
 
 def run_name(r):
-    setup = "fsdp2" if r.run.engine == "fsdp2" else f"stage{r.run.stage}"
+    """The run's setup by its config's name (stage3_infinity apart from stage3_offload), world, micro batch and
+    checkpointing: one run of a results folder."""
+    setup = "fsdp2" if r.run.engine == "fsdp2" else Path(r.run.config).stem.removeprefix("ds_config_")
     return f"{setup} G{r.world_size} mb{r.run.micro_batch} ck{int(r.run.checkpoint)}"
 
 
@@ -510,7 +515,8 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
     assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default",
                                                     "27-suite-matrix", "28-suite-matrix", "29-live", "30-steady", "31-suite",
-                                                    "32-s12", "33-suite", "34-s1", "36-step-time", "39-hf"}
+                                                    "32-s12", "33-suite", "34-s1", "36-step-time", "38-step-time2",
+                                                    "39-hf"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
@@ -822,10 +828,19 @@ def test_only_stage_3_with_its_optimizer_on_the_cpu_has_a_predicted_host_peak():
     assert host.host_peak_bytes(3, 2, 1, 1e9, pinned, shape, shape.params, False) == unpinned + rounding
 
 
+# Parameter offload's host peak (ds_config_stage3_infinity.json), not modelled (issue 47, item 2): a record's key
+# once held its stage alone, and each folder's 3_offload run, read after 3_infinity's, hid these.
+HOST_PEAK_MISSES = {(f"h200/{run}/summary.json", "ds_config_stage3_infinity", 0): -0.163 for run in (
+    "36-step-time/1-default-mb2/results/20261203-125222-92vQ", "36-step-time/2-mb16/results/20261203-125629-37UC",
+    "38-step-time2/results/20261204-042628-ALeK", "38-step-time2/results/20261204-042918-8zcB",
+    "38-step-time2/results/20261204-043149-7Iky")}
+
+
 def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its_prediction():
     """1.3b on 1, 2 and 4 ranks (the constants fitted on 1 rank; at micro batch 2 and 16 in 36-step-time, run after
     this test: 28.31 and 28.32 GiB against 28.34), 350m on 1 and 2, 2.7b on 1 and 2 (predicted
-    before it ran: 57.19 GB, 57.22 measured), and the timelines' runs at prefetch caps of 1e8 and 5e8. Issue 33
+    before it ran: 57.19 GB, 57.22 measured), 38-step-time2's offloaded runs at micro batch 2, 8 and 16 (run after this
+    test), and the timelines' runs at prefetch caps of 1e8 and 5e8. Issue 33
     asks 10%; at 5%, leaving out the pinned blocks' rounding or gloo's staging fails it."""
     timelines = ((log, result.RankResult.from_dict(json.loads(line[len("RESULT "):])))
                  for log in sorted(LOGS.glob("h200/**/timeline_*.txt"))
@@ -834,9 +849,12 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
     for path, r in (*records(LOGS), *timelines):
         predicted = theory.predicted_host_peak(r) if r.peaks.host_peak_rss_bytes and r.steps else None
         if predicted:
-            found[(str(path.relative_to(LOGS)), r.run.stage, r.rank)] = predicted / r.peaks.host_peak_rss_bytes - 1
-    assert len({run for run, _, _ in found}) == 21  # 36-step-time's two offloaded runs and 39-hf's Llama among them
-    assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
+            found[(str(path.relative_to(LOGS)), Path(r.run.config).stem, r.rank)] = (
+                predicted / r.peaks.host_peak_rss_bytes - 1)
+    assert len({run for run, _, _ in found}) == 24  # 36-step-time's two offloaded runs, 38-step-time2's three and 39-hf's
+    # Llama among them
+    assert len(found) == 41
+    assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == HOST_PEAK_MISSES
 
 
 @pytest.mark.parametrize("model, stage, world", [("tiny", 1, 257), ("350m", 2, 13), ("1.3b", 1, 8), ("2.7b", 2, 100)])
