@@ -851,8 +851,8 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
         if predicted:
             found[(str(path.relative_to(LOGS)), Path(r.run.config).stem, r.rank)] = (
                 predicted / r.peaks.host_peak_rss_bytes - 1)
-    assert len({run for run, _, _ in found}) == 24  # 36-step-time's two offloaded runs, 38-step-time2's three and 39-hf's
-    # Llama among them
+    # 36-step-time's two offloaded runs, 38-step-time2's three and 39-hf's Llama among them
+    assert len({run for run, _, _ in found}) == 24
     assert len(found) == 41
     assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == HOST_PEAK_MISSES
 

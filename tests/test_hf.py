@@ -65,6 +65,31 @@ def test_a_family_whose_layer_is_not_llamas_has_no_predicted_activations():
     assert not shape.activations_known
 
 
+def test_a_llama_with_dropout_has_no_predicted_activations(tmp_path):
+    shape, _ = inputs.chosen.__wrapped__(str(config_file(tmp_path, attention_dropout=0.1)))
+    assert not shape.activations_known
+
+
+def test_gpt2_is_read_as_the_causal_language_model_it_is(tmp_path):
+    """GPT-2's causal head is GPT2LMHeadModel, not ...ForCausalLM; its tensors are counted as built."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 512,
+                                "n_positions": 128}))
+    shape, config = inputs.chosen.__wrapped__(str(path))
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert shape.params == sum(p.numel() for p in model.parameters()) and shape.tied
+    assert not shape.activations_known
+
+
+def test_a_family_without_sdpa_is_built_with_transformers_own_attention(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "bloom", "n_layer": 2, "hidden_size": 64, "n_head": 4,
+                                "vocab_size": 512}))
+    _, config = inputs.chosen.__wrapped__(str(path))
+    assert hf.attention(config) == "eager"
+    assert hf.attention(inputs.chosen(TINY["llama"])[1]) == "sdpa"
+
+
 def config_file(tmp_path, **fields):
     base = json.loads(Path(TINY["llama"]).read_text())
     path = tmp_path / "config.json"
@@ -83,6 +108,7 @@ BAD = {
     "heads that do not divide": ({"num_attention_heads": 3},
                                  "not a multiple of the number of attention heads|3 attention heads do not divide"),
     "kv heads that do not divide": ({"num_key_value_heads": 3}, "num_key_value_heads 3 does not divide 4"),
+    "a pad token past the vocabulary": ({"pad_token_id": 600}, "transformers cannot build it: AssertionError"),
 }
 
 

@@ -21,6 +21,7 @@ INSTALL = "pip install -r requirements-hf.txt"
 # family's activations are not predicted, nor its peak.
 LLAMA_LAYER = ("llama", "mistral", "qwen2")
 ATTENTION = "sdpa"  # PyTorch's scaled_dot_product_attention: flash kernels on a GPU in 16 bits, as model.py's GPT
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "WithLMHead")
 
 
 def config_path(model: str | None) -> Path | None:
@@ -66,7 +67,9 @@ def transformers_config(d: dict[str, Any], path: Path) -> Any:
     if kind not in transformers.CONFIG_MAPPING:
         raise BadInput(f"{where}: model_type {kind!r} is not one that transformers {transformers.__version__} knows")
     architecture = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind, "")
-    if (not architecture.endswith("ForCausalLM") or kind in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    # GPT-2's head is GPT2LMHeadModel; a ...ForConditionalGeneration in this mapping is a vision-language model, and
+    # BERT's and RoBERTa's causal heads are an encoder's (they have a masked one too)
+    if (not architecture.endswith(CAUSAL_HEADS) or kind in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
             or d.get("is_encoder_decoder")):
         raise BadInput(f"{where}: model_type {kind!r} is not a decoder-only causal language model")
     try:
@@ -134,17 +137,28 @@ def nearest_rate(params: int) -> float:
     return min(PRESETS.values(), key=lambda s: abs(math.log(s.params / params))).lr
 
 
+def attention(config: Any) -> str:
+    """ATTENTION where the family implements it, else transformers' own ("eager"; Bloom and MPT, say)."""
+    from transformers.models.auto import modeling_auto
+    return ATTENTION if getattr(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_supports_sdpa",
+                                False) else "eager"
+
+
 def shape_of(config: Any) -> ModelShape:
     """The model's shape, its tensors counted on the meta device: no weights are made."""
     import torch
     import transformers
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=ATTENTION)
+    try:
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention(config))
+    except Exception as e:  # noqa: BLE001 -- a family's constructor checks its own fields with its own errors
+        raise BadInput(f"--model: transformers cannot build it: {type(e).__name__}: "
+                       f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
     d, heads = config.hidden_size, config.num_attention_heads
     tensors, alike = counted_tensors(model, config.num_hidden_layers)
     head = getattr(config, "head_dim", None) or d // heads
     known = (config.model_type in LLAMA_LAYER and alike and head * heads == d
-             and getattr(config, "hidden_act", "silu") == "silu")
+             and getattr(config, "hidden_act", "silu") == "silu" and not drops_out(config))
     params = sum(map(sum, tensors.groups))
     return ModelShape(layers=config.num_hidden_layers, heads=heads, d_model=d, vocab=config.vocab_size,
                       context=getattr(config, "max_position_embeddings", None) or 2048, lr=nearest_rate(params),
@@ -152,6 +166,11 @@ def shape_of(config: Any) -> ModelShape:
                       ffn=getattr(config, "intermediate_size", None), mlp="gated", tied=model_is_tied(model),
                       norm_kind="rmsnorm", positions="rope", bias=False, vocab_multiple=1, tensors=tensors,
                       activations_known=known)
+
+
+def drops_out(config: Any) -> bool:
+    """Whether any dropout of the config is on: its masks are activations that activations.py does not count."""
+    return any(isinstance(v, (int, float)) and v > 0 for k, v in config.to_dict().items() if "dropout" in k)
 
 
 def model_is_tied(model: Any) -> bool:
@@ -173,12 +192,14 @@ def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: 
         from transformers.modeling_utils import no_init_weights
     keep = HfDeepSpeedConfig(zero3_config) if zero3_config else None
     if keep:
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=ATTENTION)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                              attn_implementation=attention(config))
     else:
         # as from_config builds under ZeRO-3: the constructors' own init skipped, then each module's, so that every
         # stage draws the same weights for a seed (the constructors' draws would move the generator first)
         with device, no_init_weights():
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=ATTENTION)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                                  attn_implementation=attention(config))
         model.init_weights()
     if checkpoint:  # transformers 5 renamed the switch; 4 has the old name alone
         if hasattr(model, "activation_checkpointing_enable"):
