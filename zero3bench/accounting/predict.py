@@ -195,18 +195,21 @@ def gathered_bytes(stage: int, engine: str, width: int, world: int, block: float
     return width * min(max(block, embedding) + prefetch, params) if world > 1 else 0
 
 
-def saved_weights_bytes(stage: int, engine: str, width: int, world: int, layers: int, block: float, checkpoint: bool,
-                        zero: dict[str, Any]) -> float:
-    """The gathered 16-bit weights that autograd keeps for backward at stage 3 on more than one rank, without
-    checkpointing and with torch's own linear layer (memory_efficient_linear false, as ds_config_stage3.json
-    has it): each Linear saves its weight, and DeepSpeed's release cannot free a storage that autograd still
-    holds, so every block's weights are gathered when backward starts. With DeepSpeed's linear, which saves
-    the parameter rather than its data, or with checkpointing, whose forward saves nothing, none. On 2 H200s
-    (benchmarks/logs/h200x2/13-fsdp2/15-final5, today's config) stage 3 without checkpointing peaked 2.3 GiB above
-    the rest of this prediction at micro batch 2 and 16 alike: 24 blocks in bf16 are 2.25 GiB."""
-    keeps = (shards_params(stage) and engine == "deepspeed" and world > 1 and not checkpoint
+def saved_weights_bytes(stage: int, engine: str, width: int, world: int, layers: int, block: float, output: int,
+                        checkpoint: bool, zero: dict[str, Any]) -> float:
+    """The gathered 16-bit weights that autograd keeps for backward at stage 3 on more than one rank, with torch's
+    own linear layer (memory_efficient_linear false, as ds_config_stage3.json has it): each Linear saves its weight,
+    and DeepSpeed's release cannot free a storage that autograd still holds, so that backward gathers a second copy
+    of it: the output layer's (output: its elements), which no checkpoint covers, and without checkpointing every
+    block's. With DeepSpeed's linear, which saves the parameter rather than its data, none. On 2 H200s
+    (benchmarks/logs/h200x2/13-fsdp2/15-final5, today's config) stage 3 without checkpointing peaked 2.44 GiB above
+    the rest of the prediction at micro batch 2 (2.47 at 16): 24 blocks and the output layer are 2.44 GiB in bf16.
+    With checkpointing, the output layer's weight twice at the loss's backward made up what 1.3b's peak on 4 and 8
+    rehearsed ranks (24-peaks) lacked, 1.6% and 2.6%, and Llama 3.2 1B's and Qwen2.5 1.5B's on 4 (39-hf), 5.5% and
+    4.0%; the probe finds both copies (benchmarks/logs/cpu/backward-probe)."""
+    keeps = (shards_params(stage) and engine == "deepspeed" and world > 1
              and not zero_setting(zero, "memory_efficient_linear"))
-    return width * layers * block if keeps else 0
+    return width * (output + (0 if checkpoint else layers * block)) if keeps else 0
 
 
 # Measured, not derived: what a CUDA rank holds once it has stepped besides its model states and buffers, the
