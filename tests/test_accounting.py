@@ -158,6 +158,13 @@ def test_stage_3_makes_the_fp32_gradients_one_sub_group_at_a_time():
     assert predicted(rank(3), sub_group=1000).predicted.transient == 4 * (1000 + PSI // 10 // G)
 
 
+def test_stage_3_takes_its_gradient_norm_through_an_fp64_copy_of_each_tensors_partition():
+    assert predict.grad_norm_bytes(3, "deepspeed", 1001, 4, False) == 8 * 251  # the largest tensor's, padded
+    assert predict.grad_norm_bytes(3, "deepspeed", 1001, 4, True) == 0  # offloaded: taken on the way to the host
+    assert predict.grad_norm_bytes(2, "deepspeed", 1001, 4, False) == 0
+    assert predict.grad_norm_bytes(3, "fsdp2", 1001, 4, False) == 0
+
+
 def test_stage_3_on_several_ranks_keeps_the_output_layers_weights_and_without_checkpointing_every_blocks():
     torch_linear = {"memory_efficient_linear": False}
     assert predict.saved_weights_bytes(3, "deepspeed", 2, 2, 24, 100, 300, False, torch_linear) == 2 * (300 + 24 * 100)

@@ -65,6 +65,7 @@ class MemoryTerms:
     partition_grads: float
     transient: float  # what the optimizer step makes
     overflow_check: float
+    grad_norm: float
     offloaded_grad: float
 
     @property
@@ -86,8 +87,9 @@ class MemoryTerms:
         - stage 3's backward with checkpointing where the prefetch holds the most ahead (prefetch_bytes);
         - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
         - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
-          (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's
-          gradient; on rehearsed ranks, the all-gather of the updated weights at the step's end (regathered_bytes).
+          (transient), or before it stage 3's fp16 overflow check (overflow_check) or its gradient norm's fp64
+          copies (grad_norm); the offloaded embedding's gradient; on rehearsed ranks, the all-gather of the updated
+          weights at the step's end (regathered_bytes).
         Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
         linearly from one end to the other, so their most is at an end. None where the activations are not
         predicted."""
@@ -96,8 +98,8 @@ class MemoryTerms:
         return self.held + max(self.start_gathered + self.saved_weights + self.activations + self.backward_buckets,
                                self.gathered + self.scatter, self.prefetched,
                                self.freed_grads + self.gathered + self.last_block, self.reduced_grads + self.reduction,
-                               self.offloaded_grad, self.partition_grads + max(self.transient, self.overflow_check),
-                               self.regathered)
+                               self.offloaded_grad, self.regathered,
+                               self.partition_grads + max(self.transient, self.overflow_check, self.grad_norm))
 
     @property
     def reserved(self) -> float | None:
@@ -133,8 +135,7 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     paper = predict.model_states(stage, dtype, params, shard, counts.persistent, engine)  # all of stage 1's grads
     states = predict.model_states(stage, dtype, params, shard, counts.persistent, engine, kept)
     on_host = predict.host_kinds(offload) if seat.on_gpu else []
-    device = (sum(v for k, v in states.items() if k not in on_host)
-              + (width * counts.persistent if "params" in on_host else 0))
+    device = predict.device_state_bytes(states, on_host, width, counts.persistent)
     freed = paper["grads"] if predict.frees_grads(stage, engine) and "grads" not in on_host else 0
     transient = predict.step_transient_bytes(stage, dtype, shard, offloaded, engine, sub_group, seat.deepspeed_adam)
     buckets = predict.grad_bucket_bytes(stage, engine, width, zero)
@@ -152,6 +153,7 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         reduced_grads=predict.reduced_grads_bytes(stage, dtype, freed, transient),
         partition_grads=width * shard if freed and splits_one_buffer(stage) else freed, transient=transient,
         overflow_check=predict.overflow_check_bytes(stage, engine, dtype, shard),
+        grad_norm=predict.grad_norm_bytes(stage, engine, counts.largest, world, offloaded),
         offloaded_grad=predict.offloaded_grad_bytes(stage, engine, width, counts.largest, world, offloaded),
         scatter=moments.scatter_bytes(stage, engine, width, world, zero, params, act["blocks"],
                                       moments.held_output_grad_elems(shape) if shape else 0),

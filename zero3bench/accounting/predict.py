@@ -71,6 +71,12 @@ def host_kinds(offload: Mapping[str, str | bool | None]) -> list[str]:
     return (["grads", "master", "moments"] if offload["optimizer"] else []) + (["params"] if offload["param"] else [])
 
 
+def device_state_bytes(states: Mapping[str, float], on_host: list[str], width: int, persistent: int) -> float:
+    """The model states on the device: every kind not in host memory, and with the weights offloaded, stage 3's
+    persistent ones, which stay."""
+    return sum(v for k, v in states.items() if k not in on_host) + (width * persistent if "params" in on_host else 0)
+
+
 def deepspeed_estimate(stage: int, total: int, largest: int, ranks_per_node: int, nodes: int,
                        offload: Mapping[str, str | bool | None]) -> dict[str, int] | None:
     """DeepSpeed's estimate_zero3_model_states_mem_needs (stage 3) and estimate_zero2_model_states_mem_needs
@@ -118,6 +124,21 @@ def overflow_check_bytes(stage: int, engine: str, dtype: str, shard: float) -> f
     """Stage 3's fp16 overflow check (stage3.py, has_overflow): isinf of the gradient partition, as abs(x) == inf,
     a 16-bit copy and a mask at once (26-off-default, 2 ranks: 1.968 GB over what was held, against 3 x 656.9M)."""
     return (WIDTH[dtype] + 1) * shard if dtype == "fp16" and shards_params(stage) and engine == "deepspeed" else 0
+
+
+# fp64, in which DeepSpeed takes gradient norms where the device has it (zero/utils.py, get_norm_dtype)
+NORM_BYTES = 8
+
+
+def grad_norm_bytes(stage: int, engine: str, largest: int, world: int, offloaded: bool) -> int:
+    """Stage 3's gradient norm before the step (stage3.py, get_grad_norm_direct): each tensor's gradient partition
+    cast to fp64, one at a time, so NORM_BYTES an element of the largest tensor's partition. With the optimizer on
+    the host the norms are taken on the way there instead (complete_grad_norm_calculation_for_cpu_offload). Llama
+    3.2 1B's stage 3 on one H200 peaked there, 1.95 GiB over what it held, its embedding's 263M elements 1.96 GiB
+    (39-hf: -2.5% without it; benchmarks/logs/cpu/backward-probe, llama_r1, finds the fp64 copy)."""
+    if offloaded or not (shards_params(stage) and engine == "deepspeed"):
+        return 0
+    return NORM_BYTES * math.ceil(largest / world)
 
 
 def offloaded_grad_bytes(stage: int, engine: str, width: int, largest: int, world: int, offloaded: bool) -> int:
