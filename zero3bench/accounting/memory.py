@@ -52,6 +52,7 @@ class MemoryTerms:
     workspace: float  # cuBLAS's workspaces and small tensors (predict.WORKSPACE_BYTES)
     freed_grads: float  # the gradients freed between steps and made anew in backward
     gathered: float
+    start_gathered: float  # those gathered through the loss's backward (moments.backward_start_bytes)
     saved_weights: float
     activations: float | None  # None where the model's block is not one that activations.py knows: no peak then
     last_block: float  # the first block's activations, whose backward comes last
@@ -64,6 +65,7 @@ class MemoryTerms:
     partition_grads: float
     transient: float  # what the optimizer step makes
     overflow_check: float
+    grad_norm: float
     offloaded_grad: float
 
     @property
@@ -75,8 +77,9 @@ class MemoryTerms:
     @property
     def peak(self) -> float | None:
         """The most of the rank's moments, on top of what it holds throughout:
-        - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes), the
-          activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
+        - backward's start: the weights that its first fetch gathers (start_gathered), those that autograd keeps
+          (saved_weights_bytes), the activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no
+          gradient is made yet;
         - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights
           gathered, and the first block's activations, whose backward comes last;
         - stage 3's reduction of its first full bucket in backward, after the output layer's, with the weights
@@ -84,18 +87,19 @@ class MemoryTerms:
         - stage 3's backward with checkpointing where the prefetch holds the most ahead (prefetch_bytes);
         - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
         - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
-          (transient), or stage 3's fp16 overflow check before it (overflow_check); the offloaded embedding's
-          gradient; on rehearsed ranks, the all-gather of the updated weights at the step's end (regathered_bytes).
+          (transient), or before it stage 3's fp16 overflow check (overflow_check) or its gradient norm's fp64
+          copies (grad_norm); the offloaded embedding's gradient; on rehearsed ranks, the all-gather of the updated
+          weights at the step's end (regathered_bytes).
         Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
         linearly from one end to the other, so their most is at an end. None where the activations are not
         predicted."""
         if self.activations is None:
             return None
-        return self.held + max(self.gathered + self.saved_weights + self.activations + self.backward_buckets,
+        return self.held + max(self.start_gathered + self.saved_weights + self.activations + self.backward_buckets,
                                self.gathered + self.scatter, self.prefetched,
                                self.freed_grads + self.gathered + self.last_block, self.reduced_grads + self.reduction,
-                               self.offloaded_grad, self.partition_grads + max(self.transient, self.overflow_check),
-                               self.regathered)
+                               self.offloaded_grad, self.regathered,
+                               self.partition_grads + max(self.transient, self.overflow_check, self.grad_norm))
 
     @property
     def reserved(self) -> float | None:
@@ -124,14 +128,14 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     act = activations(run, shape, seat)
     shard = counts.shard if counts.shard is not None else predict.shard_elems(stage, params, -(-params // world), world)
     embedding, tokens = (shape.embedding if shape else 0), (run.micro_batch or 0) * (run.seq or 0)
+    gathered, start_gathered = gathered_weights(run, shape, counts, zero, world)
     kept = predict.kept_grad_elems(stage, engine, world, params, shape, seat.rank, offload)
     stage1 = predict.stage1_reduction_bytes(stage, engine, width, world, params, shape, seat.rank, offload, zero)
     sub_group = predict.sub_group_elems(zero, counts.largest, world) if shards_params(stage) else None
     paper = predict.model_states(stage, dtype, params, shard, counts.persistent, engine)  # all of stage 1's grads
     states = predict.model_states(stage, dtype, params, shard, counts.persistent, engine, kept)
     on_host = predict.host_kinds(offload) if seat.on_gpu else []
-    device = (sum(v for k, v in states.items() if k not in on_host)
-              + (width * counts.persistent if "params" in on_host else 0))
+    device = predict.device_state_bytes(states, on_host, width, counts.persistent)
     freed = paper["grads"] if predict.frees_grads(stage, engine) and "grads" not in on_host else 0
     transient = predict.step_transient_bytes(stage, dtype, shard, offloaded, engine, sub_group, seat.deepspeed_adam)
     buckets = predict.grad_bucket_bytes(stage, engine, width, zero)
@@ -140,22 +144,35 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     return MemoryTerms(
         breakdown=states, states=device, host_states=sum(states.values()) - device,
         host_buffers=predict.host_buffer_bytes(shard, offload) if seat.on_gpu else 0,
-        buffers=predict.buffer_bytes(stage, engine, width, zero),
+        buffers=predict.buffer_bytes(stage, engine, width, zero), gathered=gathered, start_gathered=start_gathered,
         workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed,
-        gathered=predict.gathered_bytes(stage, engine, width, world, counts.block, embedding, counts.root,
-                                        predict.zero_setting(zero, "stage3_prefetch_bucket_size"), params),
         saved_weights=predict.saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0,
-                                                  counts.block, bool(run.checkpoint), zero),
+                                                  counts.block, embedding, bool(run.checkpoint), zero),
         activations=act["activations"], last_block=act["last_block"], reduction=reduction,
         backward_buckets=buckets if predict.partitioned(stage, "grads") else 0,
         reduced_grads=predict.reduced_grads_bytes(stage, dtype, freed, transient),
         partition_grads=width * shard if freed and splits_one_buffer(stage) else freed, transient=transient,
         overflow_check=predict.overflow_check_bytes(stage, engine, dtype, shard),
+        grad_norm=predict.grad_norm_bytes(stage, engine, counts.largest, world, offloaded),
         offloaded_grad=predict.offloaded_grad_bytes(stage, engine, width, counts.largest, world, offloaded),
-        scatter=moments.scatter_bytes(stage, engine, width, world, zero, params, act["blocks"], embedding),
+        scatter=moments.scatter_bytes(stage, engine, width, world, zero, params, act["blocks"],
+                                      moments.held_output_grad_elems(shape) if shape else 0),
         prefetched=moments.prefetch_bytes(stage, engine, width, world, zero, shape, params, bool(run.checkpoint),
                                           tokens, act["last_block"], act["activations"] or 0) if shape else 0,
         regathered=moments.regathered_bytes(stage, engine, width, params, world, seat.rehearsed))
+
+
+def gathered_weights(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[str, Any],
+                     world: int) -> tuple[float, float]:
+    """The 16-bit weights that stage 3 holds gathered besides its shards: the most while a module computes
+    (predict.gathered_bytes), and through the loss's backward (moments.backward_start_bytes; the former without a
+    shape, and on FSDP2, whose root module stays gathered from forward into backward)."""
+    width, embedding = predict.WIDTH[run.dtype], shape.embedding if shape else 0
+    gathered = predict.gathered_bytes(run.stage, run.engine, width, world, counts.block, embedding, counts.root,
+                                      predict.zero_setting(zero, "stage3_prefetch_bucket_size"), counts.params)
+    if shape is None or run.engine != "deepspeed":
+        return gathered, gathered
+    return gathered, moments.backward_start_bytes(run.stage, run.engine, width, world, zero, shape, counts.params)
 
 
 def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, float | None]:

@@ -29,26 +29,32 @@ def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[st
                   blocks: float, embedding: float) -> float:
     """Stage 3's reduction of its first full gradient bucket in backward (reduction_copies), after the output
     layer's backward: the blocks' activations not yet run then (blocks: all of them), and the tied embedding's
-    whole gradient (embedding: its elements), which the output layer made and which is reduced only after the
-    embedding's own."""
+    whole gradient (embedding: its elements, held_output_grad_elems), which the output layer made and which is
+    reduced only after the embedding's own."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1):
         return 0
     bucket = min(zero_setting(zero, "reduce_bucket_size"), params)
     return reduction_copies(width, world, zero, params) + blocks * (1 - bucket / params) + width * embedding
 
 
+def taken_by_prefetch(limit: float, tensors: list[int]) -> int:
+    """The elements of tensors, in order, that one prefetch gathers: DeepSpeed takes whole tensors while it has fewer
+    than limit elements (partitioned_param_coordinator.py, fetch_sub_module)."""
+    taken = 0
+    for elements in tensors:
+        if taken >= limit:
+            break
+        taken += elements
+    return taken
+
+
 def prefetched_twelfths(prefetch: float, matrices: list[int]) -> float:
     """The twelfths of a block's matrices (the block as stage 3 partitions it, in the order it prefetches; model.py's
-    qkv, its projection, fc and mlp.proj are 3, 1, 4 and 4 twelfths) that one prefetch gathers: DeepSpeed takes whole
-    tensors, in order, while it has fewer than stage3_prefetch_bucket_size elements (partitioned_param_coordinator.py);
-    more than a block, inf. The norms and biases persist at 1.3b's 1e4 threshold; where some do not, as at 2.7b, the
-    probe with a threshold of 0 stayed within 1.5%."""
-    taken = 0
-    for elements in matrices:
-        if taken >= prefetch:
-            return 12 * taken / sum(matrices)
-        taken += elements
-    return 12.0 if prefetch <= taken else math.inf
+    qkv, its projection, fc and mlp.proj are 3, 1, 4 and 4 twelfths) that one prefetch of stage3_prefetch_bucket_size
+    gathers (taken_by_prefetch); more than a block, inf. The norms and biases persist at 1.3b's 1e4 threshold; where
+    some do not, as at 2.7b, the probe with a threshold of 0 stayed within 1.5%."""
+    taken = taken_by_prefetch(prefetch, matrices)
+    return 12 * taken / sum(matrices) if taken >= prefetch else math.inf
 
 
 def gathered_ahead(layers: int, block: float, root: float, params: float, live: float, twelfths: float) -> float:
@@ -58,7 +64,11 @@ def gathered_ahead(layers: int, block: float, root: float, params: float, live: 
     each fetch prefetches: where a prefetch gathers more than half a block, the blocks ahead grow at each block,
     as far as stage3_max_live_parameters lets them (and the block that backward asks for besides), and no
     further than AHEAD says; where it gathers more than a block, up to the whole model. Where it gathers a third
-    or less, the block, one prefetch and the root's weights."""
+    or less, the block, one prefetch and the root's weights. A prefetch takes no more than the cap less what is
+    gathered, so where one block reaches the cap, none while a block is held: the block alone (Mistral 7B's 218M
+    elements at 1e8, benchmarks/logs/cpu/backward-probe)."""
+    if block >= live:
+        return min(block, params)
     if twelfths > 12:
         end = params
     elif twelfths in AHEAD:
@@ -78,20 +88,41 @@ def prefetch_reach(zero: dict[str, Any], shape: ModelShape, params: float) -> tu
                                     zero_setting(zero, "stage3_max_live_parameters"), twelfths)
 
 
+def held_output_grad_elems(shape: ModelShape) -> int:
+    """The output layer's gradient elements that stage 3 holds whole through the blocks' backward: a tied
+    embedding's, which autograd adds to the embedding's own before DeepSpeed's hook reduces it; an untied output
+    layer's is reduced at the next hook, the final norm's."""
+    return shape.embedding if shape.tied else 0
+
+
+def backward_start_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], shape: ModelShape,
+                         params: float) -> float:
+    """The 16-bit weights that stage 3 on more than one rank holds gathered through the loss's backward, which comes
+    before any module's: what backward's first fetch prefetches (the model's own, whose loss has no parameters):
+    the output layer's weight, released after forward, and behind it the last block's tensors on, whole, while
+    fewer than stage3_prefetch_bucket_size and stage3_max_live_parameters are taken (taken_by_prefetch). The output
+    layers of 350m (51M elements), 1.3b (103M) and 39-hf's models (131M to 263M) fill the bucket of 5e7 alone, as
+    the probe finds (benchmarks/logs/cpu/backward-probe: the weight, twice with the copy of saved_weights_bytes)."""
+    if not (shards_params(stage) and engine == "deepspeed" and world > 1):
+        return 0
+    room = min(zero_setting(zero, "stage3_prefetch_bucket_size"), zero_setting(zero, "stage3_max_live_parameters"))
+    return width * min(taken_by_prefetch(room, [shape.embedding, *shape.layers * shape.block_tensors[0]]), params)
+
+
 def prefetch_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], shape: ModelShape,
                    params: int, checkpoint: bool, tokens: int, last_block: float, activations: float) -> float:
     """Stage 3 on more than one rank, in backward with checkpointing, where the prefetch holds the most ahead
-    (gathered_ahead): those weights, the tied embedding's whole gradient (made by the output layer's backward,
-    reduced after the embedding's), every block's checkpointed input, a recomputed block's activations, and a
-    bucket's reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15 gathered blocks in flight at once,
-    3.68 GiB at the peak (benchmarks/logs/h200/29-live). Where a prefetch gathers more than a block, forward's end
-    has gathered them already, so backward's start, with all its activations, may hold more (350m offloaded on 2
-    ranks: 290M of its 353M partitioned elements gathered there, its peak, 29-live/4-trace350m)."""
+    (gathered_ahead): those weights, the tied embedding's whole gradient (held_output_grad_elems), every block's
+    checkpointed input, a recomputed block's activations, and a bucket's reduction. The offload config's 1e9 cap
+    on 2 rehearsed ranks: 15 gathered blocks in flight at once, 3.68 GiB at the peak (benchmarks/logs/h200/29-live).
+    Where a prefetch gathers more than a block, forward's end has gathered them already, so backward's start, with
+    all its activations, may hold more (350m offloaded on 2 ranks: 290M of its 353M partitioned elements gathered
+    there, its peak, 29-live/4-trace350m)."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1 and checkpoint):
         return 0
     twelfths, ahead = prefetch_reach(zero, shape, params)
     inputs = shape.layers * width * tokens * shape.d_model
-    deep = (width * (ahead + shape.padded_vocab * shape.d_model) + inputs + last_block
+    deep = (width * (ahead + held_output_grad_elems(shape)) + inputs + last_block
             + reduction_copies(width, world, zero, params))
     return max(deep, width * ahead + activations if twelfths > 12 else 0)
 

@@ -71,6 +71,12 @@ def host_kinds(offload: Mapping[str, str | bool | None]) -> list[str]:
     return (["grads", "master", "moments"] if offload["optimizer"] else []) + (["params"] if offload["param"] else [])
 
 
+def device_state_bytes(states: Mapping[str, float], on_host: list[str], width: int, persistent: int) -> float:
+    """The model states on the device: every kind not in host memory, and with the weights offloaded, stage 3's
+    persistent ones, which stay."""
+    return sum(v for k, v in states.items() if k not in on_host) + (width * persistent if "params" in on_host else 0)
+
+
 def deepspeed_estimate(stage: int, total: int, largest: int, ranks_per_node: int, nodes: int,
                        offload: Mapping[str, str | bool | None]) -> dict[str, int] | None:
     """DeepSpeed's estimate_zero3_model_states_mem_needs (stage 3) and estimate_zero2_model_states_mem_needs
@@ -118,6 +124,21 @@ def overflow_check_bytes(stage: int, engine: str, dtype: str, shard: float) -> f
     """Stage 3's fp16 overflow check (stage3.py, has_overflow): isinf of the gradient partition, as abs(x) == inf,
     a 16-bit copy and a mask at once (26-off-default, 2 ranks: 1.968 GB over what was held, against 3 x 656.9M)."""
     return (WIDTH[dtype] + 1) * shard if dtype == "fp16" and shards_params(stage) and engine == "deepspeed" else 0
+
+
+# fp64, in which DeepSpeed takes gradient norms where the device has it (zero/utils.py, get_norm_dtype)
+NORM_BYTES = 8
+
+
+def grad_norm_bytes(stage: int, engine: str, largest: int, world: int, offloaded: bool) -> int:
+    """Stage 3's gradient norm before the step (stage3.py, get_grad_norm_direct): each tensor's gradient partition
+    cast to fp64, one at a time, so NORM_BYTES an element of the largest tensor's partition. With the optimizer on
+    the host the norms are taken on the way there instead (complete_grad_norm_calculation_for_cpu_offload). Llama
+    3.2 1B's stage 3 on one H200 peaked there, 1.95 GiB over what it held, its embedding's 263M elements 1.96 GiB
+    (39-hf: -2.5% without it; benchmarks/logs/cpu/backward-probe, llama_r1, finds the fp64 copy)."""
+    if offloaded or not (shards_params(stage) and engine == "deepspeed"):
+        return 0
+    return NORM_BYTES * math.ceil(largest / world)
 
 
 def offloaded_grad_bytes(stage: int, engine: str, width: int, largest: int, world: int, offloaded: bool) -> int:
@@ -195,18 +216,21 @@ def gathered_bytes(stage: int, engine: str, width: int, world: int, block: float
     return width * min(max(block, embedding) + prefetch, params) if world > 1 else 0
 
 
-def saved_weights_bytes(stage: int, engine: str, width: int, world: int, layers: int, block: float, checkpoint: bool,
-                        zero: dict[str, Any]) -> float:
-    """The gathered 16-bit weights that autograd keeps for backward at stage 3 on more than one rank, without
-    checkpointing and with torch's own linear layer (memory_efficient_linear false, as ds_config_stage3.json
-    has it): each Linear saves its weight, and DeepSpeed's release cannot free a storage that autograd still
-    holds, so every block's weights are gathered when backward starts. With DeepSpeed's linear, which saves
-    the parameter rather than its data, or with checkpointing, whose forward saves nothing, none. On 2 H200s
-    (benchmarks/logs/h200x2/13-fsdp2/15-final5, today's config) stage 3 without checkpointing peaked 2.3 GiB above
-    the rest of this prediction at micro batch 2 and 16 alike: 24 blocks in bf16 are 2.25 GiB."""
-    keeps = (shards_params(stage) and engine == "deepspeed" and world > 1 and not checkpoint
+def saved_weights_bytes(stage: int, engine: str, width: int, world: int, layers: int, block: float, output: int,
+                        checkpoint: bool, zero: dict[str, Any]) -> float:
+    """The gathered 16-bit weights that autograd keeps for backward at stage 3 on more than one rank, with torch's
+    own linear layer (memory_efficient_linear false, as ds_config_stage3.json has it): each Linear saves its weight,
+    and DeepSpeed's release cannot free a storage that autograd still holds, so that backward gathers a second copy
+    of it: the output layer's (output: its elements), which no checkpoint covers, and without checkpointing every
+    block's. With DeepSpeed's linear, which saves the parameter rather than its data, none. On 2 H200s
+    (benchmarks/logs/h200x2/13-fsdp2/15-final5, today's config) stage 3 without checkpointing peaked 2.44 GiB above
+    the rest of the prediction at micro batch 2 (2.47 at 16): 24 blocks and the output layer are 2.44 GiB in bf16.
+    With checkpointing, the output layer's weight twice at the loss's backward made up what 1.3b's peak on 4 and 8
+    rehearsed ranks (24-peaks) lacked, 1.6% and 2.6%, and Llama 3.2 1B's and Qwen2.5 1.5B's on 4 (39-hf), 5.5% and
+    4.0%; the probe finds both copies (benchmarks/logs/cpu/backward-probe)."""
+    keeps = (shards_params(stage) and engine == "deepspeed" and world > 1
              and not zero_setting(zero, "memory_efficient_linear"))
-    return width * layers * block if keeps else 0
+    return width * (output + (0 if checkpoint else layers * block)) if keeps else 0
 
 
 # Measured, not derived: what a CUDA rank holds once it has stepped besides its model states and buffers, the
