@@ -22,6 +22,7 @@ LOGS = "benchmarks/logs/"
 H200_DEFAULT = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125033-TaPl"
 H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
 CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-5183904.txt"
+HF_LLAMA = LOGS + "h200/39-hf/1-llama/results/20261204-040054-mcYy"
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ FIGURES = [
            r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
     Figure('"expected {} less or better: theory predicts {} less" for the 2-H200 run above', f"report.py {H200X2}",
            r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
+    Figure("Today's `report.py` on it says {}.", f"report.py {HF_LLAMA}", r"^VERDICT: (\w+)$", command=True),
     Figure("theory's ratio for the two runs (`memory.rank_memory`) divided by {}.", f"report.py {H200X2}",
            r"stage 3 may hold up to ([\d.]+)x its predicted share", command=True),
 ]
@@ -125,6 +127,15 @@ DOCS = [
            "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
     Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
            read=compile_minutes),
+    # Hugging Face configs on one H200: today's report.py on each committed run
+    *(Figure(row, f"report.py {LOGS}h200/39-hf/{run}", r"^peak memory +([\d.]+) GiB +(?:[\d.]+ GiB +){%d}([\d.]+) GiB"
+             r"[\s\S]*^VERDICT: (.+)$" % skipped, command=True, page="docs/hugging-face.md")
+      for row, run, skipped in (
+          ("| Llama 3.2 1B | 1 | 0, 1, 2, 3, 3_offload | {} GiB | {} GiB | {} |", "1-llama/results/20261204-035727-J8Nt", 2),
+          ("| Llama 3.2 1B | 4 rehearsed | 0, 3 | {} GiB | {} GiB | {} |", "1-llama/results/20261204-040054-mcYy", 0),
+          ("| Qwen2.5 1.5B | 4 rehearsed | 0, 3 | {} GiB | {} GiB | {} |", "2-others/results/20261204-040459-VYoa", 0),
+          ("| Mistral 7B, 4 of its 32 layers | 4 rehearsed | 0, 3 | {} GiB | {} GiB | {} |",
+           "2-others/results/20261204-040835-PMrW", 0))),
 ]
 
 # Numbers of the README's prose that no run made: the specification's, the code's settings, names and citations.
@@ -200,7 +211,7 @@ def code_blocks() -> list[tuple[str, str, str]]:
     return blocks
 
 
-EXCERPTS = [CPU_CI, H200_DEFAULT + "/report.txt"]  # logs whose lines the README quotes, in a block after its link
+EXCERPTS = [CPU_CI, H200_DEFAULT + "/report.txt", HF_LLAMA + "/report.txt"]  # logs whose lines the README quotes, in a block after its link
 
 
 @pytest.mark.parametrize("log", EXCERPTS)
