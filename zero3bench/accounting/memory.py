@@ -52,6 +52,7 @@ class MemoryTerms:
     workspace: float  # cuBLAS's workspaces and small tensors (predict.WORKSPACE_BYTES)
     freed_grads: float  # the gradients freed between steps and made anew in backward
     gathered: float
+    gathered_at_start: float  # the weights gathered when the loss's backward runs
     saved_weights: float
     activations: float | None  # None where the model's block is not one that activations.py knows: no peak then
     last_block: float  # the first block's activations, whose backward comes last
@@ -75,8 +76,9 @@ class MemoryTerms:
     @property
     def peak(self) -> float | None:
         """The most of the rank's moments, on top of what it holds throughout:
-        - backward's start: the weights gathered, those that autograd keeps (saved_weights_bytes), the
-          activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no gradient is made yet;
+        - backward's start: the weights gathered then (moments.start_gathered_bytes), those that autograd keeps
+          (saved_weights_bytes), the activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no
+          gradient is made yet;
         - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights
           gathered, and the first block's activations, whose backward comes last;
         - stage 3's reduction of its first full bucket in backward, after the output layer's, with the weights
@@ -91,7 +93,7 @@ class MemoryTerms:
         predicted."""
         if self.activations is None:
             return None
-        return self.held + max(self.gathered + self.saved_weights + self.activations + self.backward_buckets,
+        return self.held + max(self.gathered_at_start + self.saved_weights + self.activations + self.backward_buckets,
                                self.gathered + self.scatter, self.prefetched,
                                self.freed_grads + self.gathered + self.last_block, self.reduced_grads + self.reduction,
                                self.offloaded_grad, self.partition_grads + max(self.transient, self.overflow_check),
@@ -121,9 +123,12 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     Without a shape, no activations; zero: the config's zero_optimization section, as DeepSpeed read it."""
     stage, engine, dtype, world, params = run.stage, run.engine, run.dtype, seat.world, counts.params
     width, offload, offloaded = predict.WIDTH[dtype], offload_of(run), bool(offload_of(run)["optimizer"])
-    act = activations(run, shape, seat)
+    act, checkpoint = activations(run, shape, seat), bool(run.checkpoint)
     shard = counts.shard if counts.shard is not None else predict.shard_elems(stage, params, -(-params // world), world)
     embedding, tokens = (shape.embedding if shape else 0), (run.micro_batch or 0) * (run.seq or 0)
+    fetches = predict.fetches_weights(stage, engine, world, offload if seat.on_gpu else NO_OFFLOAD)
+    gathered = predict.gathered_bytes(stage, engine, width, fetches, counts.block, embedding, counts.root,
+                                      predict.zero_setting(zero, "stage3_prefetch_bucket_size"), params)
     kept = predict.kept_grad_elems(stage, engine, world, params, shape, seat.rank, offload)
     stage1 = predict.stage1_reduction_bytes(stage, engine, width, world, params, shape, seat.rank, offload, zero)
     sub_group = predict.sub_group_elems(zero, counts.largest, world) if shards_params(stage) else None
@@ -141,11 +146,10 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         breakdown=states, states=device, host_states=sum(states.values()) - device,
         host_buffers=predict.host_buffer_bytes(shard, offload) if seat.on_gpu else 0,
         buffers=predict.buffer_bytes(stage, engine, width, zero),
-        workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed,
-        gathered=predict.gathered_bytes(stage, engine, width, world, counts.block, embedding, counts.root,
-                                        predict.zero_setting(zero, "stage3_prefetch_bucket_size"), params),
-        saved_weights=predict.saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0,
-                                                  counts.block, bool(run.checkpoint), zero),
+        workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed, gathered=gathered,
+        gathered_at_start=moments.start_gathered_bytes(width, world, fetches, gathered, zero, shape, checkpoint),
+        saved_weights=predict.saved_weights_bytes(stage, engine, width, fetches, shape.layers if shape else 0,
+                                                  counts.block, checkpoint, zero),
         activations=act["activations"], last_block=act["last_block"], reduction=reduction,
         backward_buckets=buckets if predict.partitioned(stage, "grads") else 0,
         reduced_grads=predict.reduced_grads_bytes(stage, dtype, freed, transient),
@@ -153,7 +157,7 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         overflow_check=predict.overflow_check_bytes(stage, engine, dtype, shard),
         offloaded_grad=predict.offloaded_grad_bytes(stage, engine, width, counts.largest, world, offloaded),
         scatter=moments.scatter_bytes(stage, engine, width, world, zero, params, act["blocks"], embedding),
-        prefetched=moments.prefetch_bytes(stage, engine, width, world, zero, shape, params, bool(run.checkpoint),
+        prefetched=moments.prefetch_bytes(stage, engine, width, world, fetches, zero, shape, params, checkpoint,
                                           tokens, act["last_block"], act["activations"] or 0) if shape else 0,
         regathered=moments.regathered_bytes(stage, engine, width, params, world, seat.rehearsed))
 

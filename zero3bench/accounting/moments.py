@@ -6,6 +6,7 @@ predict.py; memory.MemoryTerms' peak takes the most of the moments.
 import math
 from typing import Any
 
+from zero3bench.accounting import coordinator
 from zero3bench.accounting.predict import zero_setting
 from zero3bench.accounting.shapes import ModelShape
 from zero3bench.stages import shards_params, splits_one_buffer
@@ -17,6 +18,21 @@ from zero3bench.stages import shards_params, splits_one_buffer
 # Keyed by twelfths of a block. Not modelled: stage3_max_reuse_distance above 0 (DeepSpeed's default 1e9; the
 # project's configs set 0), not probed, and backward without checkpointing, which gathers ahead too.
 AHEAD = {8: (1 / 4, 3), 12: (1 / 2, 4)}
+
+
+def start_gathered_bytes(width: int, world: int, fetches: bool, gathered: float, zero: dict[str, Any],
+                         shape: ModelShape | None, checkpoint: bool) -> float:
+    """The weights gathered when the loss's backward runs. One rank that copies its weights in from host memory
+    (predict.fetches_weights) copies each tensor on its own, so the device holds what DeepSpeed's coordinator has
+    fetched then (coordinator.fetched_at_backward_start: at 1.3b and the infinity config, the tied embedding and 5
+    blocks, 0.66 GiB; 3_infinity on one H200 peaked 0.66 to 0.70 GiB above the rest of backward's start at micro
+    batch 2 to 16, 36-step-time and 38-step-time2). Ranks that all-gather gather each fetch into one flat buffer
+    (partition_parameters.py: _all_gather_coalesced), which a release frees only with all its tensors: there
+    predict.gathered_bytes' module and prefetch (gathered) stand for them, as the runs that it was judged on
+    measured (24-peaks)."""
+    if fetches and world == 1 and shape is not None:
+        return width * coordinator.fetched_at_backward_start(shape, zero, checkpoint)
+    return gathered
 
 
 def reduction_copies(width: int, world: int, zero: dict[str, Any], params: int) -> float:
@@ -78,16 +94,18 @@ def prefetch_reach(zero: dict[str, Any], shape: ModelShape, params: float) -> tu
                                     zero_setting(zero, "stage3_max_live_parameters"), twelfths)
 
 
-def prefetch_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], shape: ModelShape,
-                   params: int, checkpoint: bool, tokens: int, last_block: float, activations: float) -> float:
-    """Stage 3 on more than one rank, in backward with checkpointing, where the prefetch holds the most ahead
+def prefetch_bytes(stage: int, engine: str, width: int, world: int, fetches: bool, zero: dict[str, Any],
+                   shape: ModelShape, params: int, checkpoint: bool, tokens: int, last_block: float,
+                   activations: float) -> float:
+    """Stage 3 where it fetches weights (predict.fetches_weights: on more than one rank, or on one whose partitions
+    live in host memory), in backward with checkpointing, where the prefetch holds the most ahead
     (gathered_ahead): those weights, the tied embedding's whole gradient (made by the output layer's backward,
     reduced after the embedding's), every block's checkpointed input, a recomputed block's activations, and a
     bucket's reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15 gathered blocks in flight at once,
     3.68 GiB at the peak (benchmarks/logs/h200/29-live). Where a prefetch gathers more than a block, forward's end
     has gathered them already, so backward's start, with all its activations, may hold more (350m offloaded on 2
     ranks: 290M of its 353M partitioned elements gathered there, its peak, 29-live/4-trace350m)."""
-    if not (shards_params(stage) and engine == "deepspeed" and world > 1 and checkpoint):
+    if not (shards_params(stage) and engine == "deepspeed" and fetches and checkpoint):
         return 0
     twelfths, ahead = prefetch_reach(zero, shape, params)
     inputs = shape.layers * width * tokens * shape.d_model
