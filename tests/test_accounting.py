@@ -665,19 +665,18 @@ def test_the_prefetch_ahead_of_backward_is_deepspeeds_own_within_2_percent():
         assert ahead == pytest.approx(p["peak"], rel=0.02), name
 
 
-def test_the_coordinator_has_fetched_what_deepspeeds_own_had_when_the_losss_backward_starts():
+def test_the_coordinator_fetches_and_releases_as_deepspeeds_own_until_the_losss_backward():
     """Each of benchmarks/prefetch_probe.py's 17 cases, on 2 ranks and on one (the infinity config, with
-    checkpointing and without): the elements fetched once the root's backward fetch has run, exactly."""
+    checkpointing and without): the elements fetched after each fetch and release of forward and after the root's
+    backward fetch, exactly."""
     probes = prefetch_probes("**/*.json")
     assert len(probes) == 17
     for name, p in probes.items():
         d_model = round((p["block"] / 12) ** 0.5)
         shape = shapes.ModelShape(p["layers"], 4, d_model, p["vocab"], p["root"] // d_model - p["vocab"], 0)
-        rows = [tuple(row) for row in p["rows"]]
-        backward = rows.index(next(row for row in rows if row[:2] == ("release", "GPT"))) + 1
-        assert rows[backward][:2] == ("fetch", "GPT")
-        checkpoint = "--no-checkpoint" not in p.get("flags", [])
-        assert coordinator.fetched_at_backward_start(shape, p["zero"], checkpoint) == rows[backward][2], name
+        rows = coordinator.fetched_until_backward(shape, p["zero"], "--no-checkpoint" not in p.get("flags", []))
+        assert [row[:2] for row in p["rows"][len(rows) - 2:len(rows)]] == [["release", "GPT"], ["fetch", "GPT"]]
+        assert rows == [row[2] for row in p["rows"][:len(rows)]], name
 
 
 def test_at_the_offload_configs_settings_the_losss_backward_finds_the_embedding_and_5_blocks_fetched():

@@ -58,7 +58,7 @@ class Coordinator:
         while it has fewer new elements than stage3_prefetch_bucket_size and stage3_max_live_parameters leaves room."""
         names = [name for name, _ in self.order[self.step]]
         self.take(names)
-        for _ in [name for name in names if self.passed[name] < self.step]:
+        for _ in [name for name in names if self.passed[name] < self.step]:  # the queue's head is these entries
             name, used = self.queue.popleft()
             self.passed[name] = used
         prefetch, taken, room = [], 0, min(self.live - self.elements, self.bucket)
@@ -87,17 +87,27 @@ class Coordinator:
                 self.elements -= n
 
 
-def fetched_at_backward_start(shape: ModelShape, zero: dict[str, Any], checkpoint: bool) -> int:
-    """The elements fetched when the loss's backward runs: forward's fetches and releases, then the root's backward
-    fetch. Forward's last fetches prefetch into backward's order, and the blocks that forward computed last are kept
-    for their backward, so at the offload configs' settings (a prefetch of one block, a cap of 1e9) the tied
-    embedding and 5 blocks are fetched, where forward holds 3 blocks at most."""
+def fetched_until_backward(shape: ModelShape, zero: dict[str, Any], checkpoint: bool) -> list[int]:
+    """The elements fetched after each fetch and release of forward, then after the root's backward fetch, which
+    comes as the loss's backward starts: the rows that benchmarks/prefetch_probe.py reads off DeepSpeed's."""
     forward, backward = fetch_order(shape, zero, checkpoint)
-    coordinator = Coordinator(forward + backward, zero)
+    coordinator, rows = Coordinator(forward + backward, zero), []
     coordinator.fetch()  # the root, released once forward is done
+    rows.append(coordinator.elements)
     for step in range(1, len(forward)):
         coordinator.fetch()
+        rows.append(coordinator.elements)
         coordinator.release(step)
+        rows.append(coordinator.elements)
     coordinator.release(0)
+    rows.append(coordinator.elements)
     coordinator.fetch()
-    return coordinator.elements
+    return [*rows, coordinator.elements]
+
+
+def fetched_at_backward_start(shape: ModelShape, zero: dict[str, Any], checkpoint: bool) -> int:
+    """The elements fetched when the loss's backward runs (fetched_until_backward). Forward's last fetches prefetch
+    into backward's order, and the blocks that forward computed last are kept for their backward, so at the offload
+    configs' settings (a prefetch of one block, a cap of 1e9) the tied embedding and 5 blocks are fetched, where
+    forward holds 3 blocks at most."""
+    return fetched_until_backward(shape, zero, checkpoint)[-1]
