@@ -504,10 +504,10 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     8 ranks, and the same settings at other rank counts, which its new terms were not fitted to), and 29-live
     (stage 0 on one rank, 10 and 30 steps; its timelines write no summary.json, as they reset the peak at each
     event), and 32-s12 (stages 1 and 2 on 350m at 2 ranks in fp32, 3 and 8, on 2.7b at 4, in fp16, without
-    checkpointing), 33-suite (the test suite's GPU launches) and 34-s1 (stage 1 on 1.3b in fp32 at 4 ranks, 760m at 6,
-    125m in fp32 at 5, 350m at 8, predicted before they ran) and 36-step-time (stages 0 to 3 and offload at world 1, micro
-    batch 2 and 16, and the default, run after this test was written): the workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak,
-    hold it too."""
+    checkpointing), 33-suite (the test suite's GPU launches) and 34-s1 (stage 1 on 1.3b in fp32 at 4 ranks, 760m at
+    6, 125m in fp32 at 5, 350m at 8, predicted before they ran) and 36-step-time (stages 0 to 3 and offload at world
+    1, micro batch 2 and 16, and the default, run after this test was written): the workspace was fitted on
+    24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak, hold it too."""
     misses, covered = {}, set()
     for summary, r in records(LOGS):
         if not predictable(r):
@@ -518,9 +518,9 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
         if abs(miss) > PEAK_TOLERANCE:
             misses[f"{summary.relative_to(LOGS)} {run_name(r)}"] = round(miss, 3)
     assert {folder for folder, _, _ in covered} == {"24-peaks", "25-oldest", "13-fsdp2", "26-off-default",
-                                                    "27-suite-matrix", "28-suite-matrix", "29-live", "30-steady", "31-suite",
-                                                    "32-s12", "33-suite", "34-s1", "36-step-time", "38-step-time2",
-                                                    "39-hf"}
+                                                    "27-suite-matrix", "28-suite-matrix", "29-live", "30-steady",
+                                                    "31-suite", "32-s12", "33-suite", "34-s1", "36-step-time",
+                                                    "38-step-time2", "39-hf"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
@@ -870,12 +870,42 @@ def test_only_stage_3_with_its_optimizer_on_the_cpu_has_a_predicted_host_peak():
     assert host.host_peak_bytes(3, 2, 1, 1e9, pinned, shape, shape.params, False) == unpinned + rounding
 
 
-# Parameter offload's host peak (ds_config_stage3_infinity.json), not modelled (issue 47, item 2): a record's key
-# once held its stage alone, and each folder's 3_offload run, read after 3_infinity's, hid these.
-HOST_PEAK_MISSES = {(f"h200/{run}/summary.json", "ds_config_stage3_infinity", 0): -0.163 for run in (
-    "36-step-time/1-default-mb2/results/20261203-125222-92vQ", "36-step-time/2-mb16/results/20261203-125629-37UC",
-    "38-step-time2/results/20261204-042628-ALeK", "38-step-time2/results/20261204-042918-8zcB",
-    "38-step-time2/results/20261204-043149-7Iky")}
+def test_offloaded_weights_are_pinned_flat_buffers_and_the_cached_blocks_of_zero_inits_own_partitions():
+    shape = shapes.ModelShape(1, 1, 8, 64, 8, 0)  # matrices: embedding 512, positions 64, a block's 192, 64, 256, 256
+    pinned = {"offload_param": {"device": "cpu", "pin_memory": True}, "stage3_param_persistence_threshold": 32}
+    flat = 4096 + 256  # the matrices' 1344 elements and the vectors' 120 in bf16, each rounded up to a power of two
+    own = 1024 + 128 + 512 + 128 + 512 + 512 + 1024  # each matrix's, and the output layer's built before tying
+    assert host.offloaded_weights_bytes(2, 1, pinned, shape) == flat + own
+    unpinned = {**pinned, "offload_param": {"device": "cpu", "pin_memory": False}}
+    assert host.offloaded_weights_bytes(2, 1, unpinned, shape) == flat
+    assert host.offloaded_weights_bytes(2, 1, {}, shape) == 0
+
+
+def test_offloaded_weights_take_the_steps_update_in_place_and_nvme_is_not_predicted():
+    shape, cpu = t.PRESETS["1.3b"], {"offload_optimizer": {"device": "cpu", "pin_memory": False}}
+    infinity = {**cpu, "offload_param": {"device": "cpu", "pin_memory": False}}
+    weights = host.offloaded_weights_bytes(2, 1, infinity, shape)
+    assert host.host_peak_bytes(3, 2, 1, 1e9, infinity, shape, shape.params, False) == (
+        host.host_peak_bytes(3, 2, 1, 1e9, cpu, shape, shape.params, False) - 2 * 1e9 + weights)
+    nvme = {**cpu, "offload_param": {"device": "nvme"}}
+    assert host.host_peak_bytes(3, 2, 1, 1e9, nvme, shape, shape.params, False) is None
+
+
+def test_offloading_the_weights_too_adds_them_to_the_resident_set_once_the_engine_is_ready_within_1_percent():
+    """36-step-time's two runs and 38-step-time2's 8zcB, where 3_infinity and 3_offload ran with the same settings:
+    the process's peak resident set when the engine was ready, one less the other, is the offloaded weights (7.454
+    to 7.455 GB, 7.455 predicted), the rest of the host's memory being alike."""
+    pairs = 0
+    for summary in sorted(LOGS.glob("h200/3[68]-step-time*/**/summary.json")):
+        results = json.loads(summary.read_text())["results"]
+        runs = {name: result.RankResult.from_dict(ranks[0]) for name, ranks in results.items()}
+        if {"stage3_infinity", "stage3_offload"} <= set(runs):
+            r, offload = runs["stage3_infinity"], runs["stage3_offload"]
+            added = r.memory_at_start.host_peak_rss_bytes - offload.memory_at_start.host_peak_rss_bytes
+            predicted = host.offloaded_weights_bytes(predict.WIDTH[r.run.dtype], 1, r.zero_config, result.shape_of(r))
+            assert predicted == pytest.approx(added, rel=0.01), summary
+            pairs += 1
+    assert pairs == 3
 
 
 def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its_prediction():
@@ -883,7 +913,9 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
     this test: 28.31 and 28.32 GiB against 28.34), 350m on 1 and 2, 2.7b on 1 and 2 (predicted
     before it ran: 57.19 GB, 57.22 measured), 38-step-time2's offloaded runs at micro batch 2, 8 and 16 (run after this
     test), and the timelines' runs at prefetch caps of 1e8 and 5e8. Issue 33
-    asks 10%; at 5%, leaving out the pinned blocks' rounding or gloo's staging fails it."""
+    asks 10%; at 5%, leaving out the pinned blocks' rounding or gloo's staging fails it. Parameter offload
+    (ds_config_stage3_infinity.json, 36-step-time and 38-step-time2, five runs): 36.35 to 36.37 GB against 35.89
+    (-1.3%), where the weights' pinned buffers (offloaded_weights_bytes) were left out at 30.43 (-16.3%)."""
     timelines = ((log, result.RankResult.from_dict(json.loads(line[len("RESULT "):])))
                  for log in sorted(LOGS.glob("h200/**/timeline_*.txt"))
                  for line in log.read_text(errors="replace").splitlines() if line.startswith("RESULT "))
@@ -893,10 +925,10 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
         if predicted:
             found[(str(path.relative_to(LOGS)), Path(r.run.config).stem, r.rank)] = (
                 predicted / r.peaks.host_peak_rss_bytes - 1)
-    assert len({run for run, _, _ in found}) == 24  # 36-step-time's two offloaded runs, 38-step-time2's three and 39-hf's
-    # Llama among them
+    # 36-step-time's two offloaded runs, 38-step-time2's three and 39-hf's Llama among them
+    assert len({run for run, _, _ in found}) == 24
     assert len(found) == 41
-    assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == HOST_PEAK_MISSES
+    assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
 
 
 @pytest.mark.parametrize("model, stage, world", [("tiny", 1, 257), ("350m", 2, 13), ("1.3b", 1, 8), ("2.7b", 2, 100)])
