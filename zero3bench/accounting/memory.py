@@ -127,8 +127,6 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     shard = counts.shard if counts.shard is not None else predict.shard_elems(stage, params, -(-params // world), world)
     embedding, tokens = (shape.embedding if shape else 0), (run.micro_batch or 0) * (run.seq or 0)
     fetches = predict.fetches_weights(stage, engine, world, offload if seat.on_gpu else NO_OFFLOAD)
-    gathered = predict.gathered_bytes(stage, engine, width, fetches, counts.block, embedding, counts.root,
-                                      predict.zero_setting(zero, "stage3_prefetch_bucket_size"), params)
     kept = predict.kept_grad_elems(stage, engine, world, params, shape, seat.rank, offload)
     stage1 = predict.stage1_reduction_bytes(stage, engine, width, world, params, shape, seat.rank, offload, zero)
     sub_group = predict.sub_group_elems(zero, counts.largest, world) if shards_params(stage) else None
@@ -146,10 +144,8 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         breakdown=states, states=device, host_states=sum(states.values()) - device,
         host_buffers=predict.host_buffer_bytes(shard, offload) if seat.on_gpu else 0,
         buffers=predict.buffer_bytes(stage, engine, width, zero),
-        workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed, gathered=gathered,
-        gathered_at_start=moments.start_gathered_bytes(width, world, fetches, gathered, zero, shape, checkpoint),
-        saved_weights=predict.saved_weights_bytes(stage, engine, width, fetches, shape.layers if shape else 0,
-                                                  counts.block, checkpoint, zero),
+        workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed,
+        **fetched_weights(run, shape, counts, zero, world, fetches),
         activations=act["activations"], last_block=act["last_block"], reduction=reduction,
         backward_buckets=buckets if predict.partitioned(stage, "grads") else 0,
         reduced_grads=predict.reduced_grads_bytes(stage, dtype, freed, transient),
@@ -160,6 +156,22 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         prefetched=moments.prefetch_bytes(stage, engine, width, world, fetches, zero, shape, params, checkpoint,
                                           tokens, act["last_block"], act["activations"] or 0) if shape else 0,
         regathered=moments.regathered_bytes(stage, engine, width, params, world, seat.rehearsed))
+
+
+def fetched_weights(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[str, Any], world: int,
+                    fetches: bool) -> dict[str, float]:
+    """The 16-bit weights that stage 3 holds whole beyond its shards, where it fetches them (fetches: on more than
+    one rank, or on one whose partitions live in host memory) and FSDP2 casts them: gathered at once
+    (predict.gathered_bytes), gathered when the loss's backward runs (moments.start_gathered_bytes), and those that
+    autograd keeps for backward (predict.saved_weights_bytes)."""
+    stage, engine, width, checkpoint = run.stage, run.engine, predict.WIDTH[run.dtype], bool(run.checkpoint)
+    gathered = predict.gathered_bytes(stage, engine, width, fetches, counts.block, shape.embedding if shape else 0,
+                                      counts.root, predict.zero_setting(zero, "stage3_prefetch_bucket_size"),
+                                      counts.params)
+    return {"gathered": gathered,
+            "gathered_at_start": moments.start_gathered_bytes(width, world, fetches, gathered, zero, shape, checkpoint),
+            "saved_weights": predict.saved_weights_bytes(stage, engine, width, fetches, shape.layers if shape else 0,
+                                                         counts.block, checkpoint, zero)}
 
 
 def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, float | None]:
