@@ -45,14 +45,15 @@ def offloaded_weights_bytes(width: int, world: int, zero: dict[str, Any], shape:
     zero.Init pinned as it built the model (partition_parameters.py: _partition_param), the output layer's first
     weight among them where model.py then ties it to the embedding. The flat buffers take their place
     (_move_to_flat_buffer), but torch's caching host allocator keeps the freed blocks, and no later pinned block is
-    of their sizes. 1.3b on one H200, the engine ready: 7.454 GB above 3_offload's resident set, 7.455 predicted
-    (36-step-time, 38-step-time2, five runs each)."""
+    of their sizes. 1.3b on one H200, the engine ready: 7.454 GB above 3_offload's peak resident set with the same
+    settings, 7.455 predicted (36-step-time's two folders and 38-step-time2's 8zcB)."""
     param = zero.get("offload_param") or {}
     if param.get("device") != "cpu":
         return 0
     threshold = zero_setting(zero, "stage3_param_persistence_threshold")
     flat = sum(pinned(width * sum(math.ceil(n / world) for n in group)) for group in shape.decay_groups)
-    built = [n for group in shape.decay_groups for n in group if n > threshold] + [shape.embedding] * shape.tied
+    tied = [shape.embedding] if shape.tied else []  # the output layer's own weight, built before model.py ties it
+    built = [n for group in shape.decay_groups for n in group if n > threshold] + tied
     own = sum(pinned(width * math.ceil(n / world)) for n in built) if param.get("pin_memory") else 0
     return flat + own
 
