@@ -2,7 +2,8 @@
 How far stage 3's prefetch gathers ahead in backward (issue 33): DeepSpeed's own coordinator on 2 CPU ranks, with
 train_gpt.py's model shaped as 1.3b at d_model 64 (24 blocks, the tied embedding about 2 blocks) and every bucket
 and cap scaled from 1.3b's block to this one's, its elements gathered (available and in flight) after each fetch
-and release. One case per launch; each writes CASE.json (the settings, the peak in step 3, the rows) into OUT.
+and release. One case per launch; each writes CASE.json (the settings, the peak in step 3, the rows) into OUT, and
+the cases on one rank into OUT/one-rank.
 every case of benchmarks/logs/cpu/prefetch:   python3 benchmarks/prefetch_probe.py OUT
 """
 import json
@@ -31,6 +32,10 @@ CASES = {
     "as_2.7b_l48": (48, 1280, 1e12, 5e7, "2.7b"), "as_350m_live1e9": (24, 3072, 1e9, 5e7, "350m"),
     "third_of_a_block": (32, 1280, 1e12, 0.3 * 12 * 2048**2, "1.3b"),
 }
+# One rank whose partitions live in host memory (configs/ds_config_stage3_infinity.json, scaled as live1e9), with
+# checkpointing and without: each fetch there copies each tensor to the device (partition_parameters.py:
+# NoGatherHandle), so what the coordinator holds fetched is what the device holds. name: train_gpt.py's flags
+ONE_RANK = {"infinity": [], "infinity_no_checkpoint": ["--no-checkpoint"]}
 
 
 def scaled(elements: float, preset: str) -> int:
@@ -38,17 +43,17 @@ def scaled(elements: float, preset: str) -> int:
     return int(elements * 12 * D_MODEL**2 / (12 * shapes.PRESETS[preset].d_model**2))
 
 
-def config(live: float, prefetch: float, preset: str) -> dict:
-    """ds_config_stage3.json's section at this scale; the persistence threshold keeps the LayerNorms and biases
-    whole and partitions every matrix, as 1e4 does at 1.3b."""
-    section = json.loads((ROOT / "ds_config_stage3.json").read_text())
+def config(live: float, prefetch: float, preset: str, source: str = "ds_config_stage3.json") -> dict:
+    """A config's section (ds_config_stage3.json's unless source says) at this scale; the persistence threshold keeps
+    the LayerNorms and biases whole and partitions every matrix, as 1e4 does at 1.3b."""
+    section = json.loads((ROOT / source).read_text())
     zero = section["zero_optimization"]
     zero.update(stage3_max_live_parameters=scaled(live, preset), stage3_prefetch_bucket_size=scaled(prefetch, preset),
                 reduce_bucket_size=scaled(5e7, preset), stage3_param_persistence_threshold=1000)
     return section
 
 
-def probe(out: Path, case: str, layers: int, vocab: int) -> None:
+def probe(out: Path, case: str, layers: int, vocab: int, flags: list[str]) -> None:
     from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator as Coordinator
 
     import train_gpt
@@ -77,28 +82,36 @@ def probe(out: Path, case: str, layers: int, vocab: int) -> None:
             starts = [i for i, r in enumerate(rows) if r[:2] == ["fetch", "GPT"]]
             step3 = rows[starts[-2]:]  # the root is fetched twice a step, in forward and backward
             (out / f"{case}.json").write_text(json.dumps({
-                "layers": layers, "vocab": vocab, "zero": section["zero_optimization"],
+                "layers": layers, "vocab": vocab, "zero": section["zero_optimization"], "flags": flags,
                 "block": 12 * D_MODEL**2, "root": (shape.padded_vocab + CONTEXT) * D_MODEL,
                 "peak": max(r[2] for r in step3), "rows": step3}))
     train_gpt.train = probed
-    sys.argv = [sys.argv[0], "--model", "tiny", "--config", str(path), "--steps", "3"]
+    sys.argv = [sys.argv[0], "--model", "tiny", "--config", str(path), "--steps", "3", *flags]
     train_gpt.main()
 
 
-def run_all(out: Path) -> None:
+def launch(out: Path, case: str, section: dict, ranks: int, layers: int, vocab: int, flags: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    (out / f"{case}.config.json").write_text(json.dumps(section))
+    with open(out / f"{case}.out", "w") as log:  # not .log: report.py would read the folder as its own
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+                        "--master_port", "29841", __file__, str(out), case, str(layers), str(vocab), *flags],
+                       check=True, stdout=log, stderr=subprocess.STDOUT)
+    print(case, json.loads((out / f"{case}.json").read_text())["peak"], flush=True)
+
+
+def run_all(out: Path) -> None:
     for case, (layers, vocab, live, prefetch, preset) in CASES.items():
-        (out / f"{case}.config.json").write_text(json.dumps(config(live, prefetch, preset)))
-        with open(out / f"{case}.out", "w") as log:  # not .log: report.py would read the folder as its own
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                            "--master_port", "29841", __file__, str(out), case, str(layers), str(vocab)],
-                           check=True, stdout=log, stderr=subprocess.STDOUT)
-        print(case, json.loads((out / f"{case}.json").read_text())["peak"], flush=True)
+        launch(out, case, config(live, prefetch, preset), 2, layers, vocab, [])
+    layers, vocab, live, prefetch, preset = CASES["live1e9"]
+    infinity = config(live, prefetch, preset, "configs/ds_config_stage3_infinity.json")
+    for case, flags in ONE_RANK.items():
+        launch(out / "one-rank", case, infinity, 1, layers, vocab, flags)
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 2:
         run_all(Path(sys.argv[1]))
     else:
-        out, case, layers, vocab = sys.argv[1:5]
-        probe(Path(out), case, int(layers), int(vocab))
+        out, case, layers, vocab, *flags = sys.argv[1:]
+        probe(Path(out), case, int(layers), int(vocab), flags)

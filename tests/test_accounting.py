@@ -11,7 +11,7 @@ import torch
 
 from zero3bench import explain, finishing, machine, options, parts, result, stages
 import train_gpt as t
-from zero3bench.accounting import activations, host, measure, moments, predict, shapes
+from zero3bench.accounting import activations, coordinator, host, measure, moments, predict, shapes
 from zero3bench.accounting.memory import NO_OFFLOAD, Counts, Seat, rank_memory
 from zero3bench.reporting import theory
 from conftest import facts, record
@@ -146,10 +146,18 @@ def test_stage_3_keeps_its_gradient_buffer_and_its_bucket_throughout():
 
 
 def test_one_deepspeed_rank_gathers_nothing_and_fsdp2_casts_its_weights_even_alone():
-    assert predict.gathered_bytes(3, "deepspeed", 2, 1, 10, 30, 5, 7) == 0
-    assert predict.gathered_bytes(3, "deepspeed", 2, 4, 10, 30, 5, 7) == 2 * (30 + 7)
-    assert predict.gathered_bytes(3, "fsdp2", 2, 1, 10, 30, 5, 7) == 2 * (5 + 2 * 10)
-    assert predict.gathered_bytes(2, "deepspeed", 2, 4, 10, 30, 5, 7) == 0
+    assert predict.gathered_bytes(3, "deepspeed", 2, False, 10, 30, 5, 7) == 0
+    assert predict.gathered_bytes(3, "deepspeed", 2, True, 10, 30, 5, 7) == 2 * (30 + 7)
+    assert predict.gathered_bytes(3, "fsdp2", 2, False, 10, 30, 5, 7) == 2 * (5 + 2 * 10)
+    assert predict.gathered_bytes(2, "deepspeed", 2, True, 10, 30, 5, 7) == 0
+
+
+@pytest.mark.parametrize("stage, engine, world, param, fetches", [
+    (3, "deepspeed", 1, None, False), (3, "deepspeed", 1, "cpu", True), (3, "deepspeed", 4, None, True),
+    (3, "fsdp2", 1, "cpu", False), (2, "deepspeed", 1, "cpu", False)])
+def test_stage_3_fetches_weights_on_several_ranks_or_on_one_whose_partitions_live_in_host_memory(stage, engine, world,
+                                                                                                param, fetches):
+    assert predict.fetches_weights(stage, engine, world, {"optimizer": "cpu", "param": param}) == fetches
 
 
 def test_stage_3_makes_the_fp32_gradients_one_sub_group_at_a_time():
@@ -165,23 +173,23 @@ def test_stage_3_takes_its_gradient_norm_through_an_fp64_copy_of_each_tensors_pa
     assert predict.grad_norm_bytes(3, "fsdp2", 1001, 4, False) == 0
 
 
-def test_stage_3_on_several_ranks_keeps_the_output_layers_weights_and_without_checkpointing_every_blocks():
+def test_stage_3_where_it_fetches_weights_keeps_the_output_layers_and_without_checkpointing_every_blocks():
     torch_linear = {"memory_efficient_linear": False}
-    assert predict.saved_weights_bytes(3, "deepspeed", 2, 2, 24, 100, 300, False, torch_linear) == 2 * (300 + 24 * 100)
-    assert predict.saved_weights_bytes(3, "deepspeed", 2, 2, 24, 100, 300, True, torch_linear) == 2 * 300  # blocks
-    assert predict.saved_weights_bytes(3, "deepspeed", 2, 1, 24, 100, 300, False, torch_linear) == 0  # not gathered
-    assert predict.saved_weights_bytes(3, "deepspeed", 2, 2, 24, 100, 300, False, {}) == 0  # DeepSpeed's linear
-    assert predict.saved_weights_bytes(3, "fsdp2", 2, 2, 24, 100, 300, False, torch_linear) == 0  # frees storage
+    assert predict.saved_weights_bytes(3, "deepspeed", 2, True, 24, 100, 300, False, torch_linear) == 2 * (300 + 2400)
+    assert predict.saved_weights_bytes(3, "deepspeed", 2, True, 24, 100, 300, True, torch_linear) == 2 * 300  # blocks
+    assert predict.saved_weights_bytes(3, "deepspeed", 2, False, 24, 100, 300, False, torch_linear) == 0  # no fetch
+    assert predict.saved_weights_bytes(3, "deepspeed", 2, True, 24, 100, 300, False, {}) == 0  # DeepSpeed's linear
+    assert predict.saved_weights_bytes(3, "fsdp2", 2, True, 24, 100, 300, False, torch_linear) == 0  # frees storage
 
 
-def test_backwards_first_prefetch_gathers_the_output_layers_weight_and_behind_it_no_more_than_the_bucket():
+def test_backwards_first_prefetch_on_ranks_that_all_gather_takes_the_output_layers_weight_and_at_most_the_bucket():
     shape = t.PRESETS["1.3b"]
-    assert moments.backward_start_bytes(3, "deepspeed", 2, 4, {}, shape, shape.params) == 2 * shape.embedding
+    assert moments.start_gathered_bytes(2, 4, True, 0, {}, shape, True, shape.params) == 2 * shape.embedding
     qkv = 3 * 2048**2  # the last block's first tensor, taken whole
     bucket = {"stage3_prefetch_bucket_size": shape.embedding + 1}
-    taken = moments.backward_start_bytes(3, "deepspeed", 2, 4, bucket, shape, shape.params)
+    taken = moments.start_gathered_bytes(2, 4, True, 0, bucket, shape, True, shape.params)
     assert taken == 2 * (shape.embedding + qkv)
-    assert moments.backward_start_bytes(3, "deepspeed", 2, 1, {}, shape, shape.params) == 0  # not gathered
+    assert moments.start_gathered_bytes(2, 1, False, 0, {}, shape, True, shape.params) == 0  # not gathered
 
 
 def test_only_a_tied_output_layer_holds_its_whole_gradient_through_the_blocks_backward():
@@ -460,22 +468,18 @@ def test_a_collective_too_small_to_time_the_link_gets_no_bus_bandwidth():
 LOGS = stages.ROOT / "benchmarks" / "logs"
 PEAK_RUNS = LOGS / "h200" / "24-peaks" / "results"
 PEAK_TOLERANCE = 0.05
-# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss. Since the
-# output layer's backward was measured (benchmarks/logs/h200/30-steady/1-probe), where the 350m model offloaded on
-# one rank had been +5.4%, only parameter offload (ds_config_stage3_infinity.json), whose GPU buffers are not
-# modelled (issue 47, item 2): 2.49 GiB measured against 1.31 at micro batch 2, 5.65 against 4.98 at 16
-# (36-step-time); 3.33 against 2.63 at 8 checkpointed, 4.34 against 3.68 at 2 without (38-step-time2).
-# Hugging Face models (39-hf, issue 46) at stage 3 on 4 rehearsed ranks had missed by -5.5% (Llama 3.2 1B, 0.40 GiB
-# short at the loss's backward) and +5.4% (Mistral 7B cut to 4 layers): the prediction held its output layer's
-# weight once and a prefetched bucket there, where the probe (benchmarks/logs/cpu/backward-probe) finds it twice,
-# autograd's copy and backward's first prefetch, and held an untied output layer's gradient and a prefetch beyond
-# stage3_max_live_parameters in the blocks' backward. Now within 0.1% and -1.1%, and 1.3b on 4 and 8 ranks, -1.6%
-# and -2.6% before, within 0.1%.
-PEAK_MISSES: dict[str, float] = {
-    "h200/36-step-time/1-default-mb2/results/20261203-125222-92vQ/summary.json stage3_infinity G1 mb2 ck1": -0.473,
-    "h200/36-step-time/2-mb16/results/20261203-125629-37UC/summary.json stage3_infinity G1 mb16 ck1": -0.12,
-    "h200/38-step-time2/results/20261204-042628-ALeK/summary.json stage3_infinity G1 mb8 ck1": -0.21,
-    "h200/38-step-time2/results/20261204-043149-7Iky/summary.json stage3_infinity G1 mb2 ck0": -0.151}
+# Runs whose peak the prediction misses by more than PEAK_TOLERANCE, by name, with the measured miss: none. The 350m
+# model offloaded on one rank had been +5.4%, until the output layer's backward was measured
+# (benchmarks/logs/h200/30-steady/1-probe). Parameter offload (ds_config_stage3_infinity.json) on one rank had been
+# -47.3% at micro batch 2 and -12.0% to -21.0% at 8 and 16 with checkpointing and at 2 without (36-step-time,
+# 38-step-time2), until one rank that offloads its parameters fetched them too (predict.fetches_weights,
+# coordinator.py): now +2.3%, -0.3%, +4.8%, +0.1% and -0.1%. Hugging Face models (39-hf, issue 46) at stage 3 on 4
+# rehearsed ranks had missed by -5.5% (Llama 3.2 1B, 0.40 GiB short at the loss's backward) and +5.4% (Mistral 7B cut
+# to 4 layers): the prediction held its output layer's weight once and a prefetched bucket there, where the probe
+# (benchmarks/logs/cpu/backward-probe) finds it twice, autograd's copy and backward's first prefetch, and held an
+# untied output layer's gradient and a prefetch beyond stage3_max_live_parameters in the blocks' backward. Now within
+# 0.1% and -1.1%, and 1.3b on 4 and 8 ranks, -1.6% and -2.6% before, within 0.1%.
+PEAK_MISSES: dict[str, float] = {}
 
 
 def run_name(r):
@@ -658,25 +662,62 @@ def test_stage_3_offloading_its_optimizer_peaks_with_the_embeddings_gradient_on_
 
 
 def test_a_model_smaller_than_the_prefetch_bucket_gathers_at_most_itself():
-    assert predict.gathered_bytes(3, "deepspeed", 2, 2, 10, 30, 5, 5e7, params=1000) == 2 * 1000
+    assert predict.gathered_bytes(3, "deepspeed", 2, True, 10, 30, 5, 5e7, params=1000) == 2 * 1000
 
 
 PREFETCH_PROBES = LOGS / "cpu" / "prefetch"
+INFINITY = stages.ROOT / "configs" / "ds_config_stage3_infinity.json"
+
+
+def prefetch_probes(pattern):
+    """benchmarks/prefetch_probe.py's cases whose files match pattern, by name."""
+    return {path.stem: json.loads(path.read_text()) for path in PREFETCH_PROBES.glob(pattern)
+            if not path.name.endswith(".config.json")}
 
 
 def test_the_prefetch_ahead_of_backward_is_deepspeeds_own_within_2_percent():
     """DeepSpeed 0.19.8's coordinator on 2 CPU ranks (benchmarks/prefetch_probe.py): capped at 1e8, 5e8 and 1e9
     (scaled), uncapped at 12 to 48 blocks and with roots of 1.7, 2 and 4 blocks, and prefetches of a third, two
-    thirds, one, two, four and ten blocks; AHEAD was read off the uncapped ones."""
-    probes = {path.stem: json.loads(path.read_text()) for path in PREFETCH_PROBES.glob("*.json")
-              if not path.name.endswith(".config.json")}
-    assert len(probes) == 15
+    thirds, one, two, four and ten blocks; AHEAD was read off the uncapped ones. On one rank whose partitions live in
+    host memory (the infinity config, run after AHEAD was read) the same."""
+    probes = {**prefetch_probes("*.json"), **prefetch_probes("one-rank/infinity.json")}
+    assert len(probes) == 16
     for name, p in probes.items():
         zero, d_model = p["zero"], round((p["block"] / 12) ** 0.5)
         twelfths = moments.prefetched_twelfths(zero["stage3_prefetch_bucket_size"], gpt_block_matrices(d_model))
         ahead = moments.gathered_ahead(p["layers"], p["block"], p["root"], p["layers"] * p["block"] + p["root"],
                                        zero["stage3_max_live_parameters"], twelfths)
         assert ahead == pytest.approx(p["peak"], rel=0.02), name
+
+
+def test_the_coordinator_fetches_and_releases_as_deepspeeds_own_until_the_losss_backward():
+    """Each of benchmarks/prefetch_probe.py's 17 cases, on 2 ranks and on one (the infinity config, with
+    checkpointing and without): the elements fetched after each fetch and release of forward and after the root's
+    backward fetch, exactly."""
+    probes = prefetch_probes("**/*.json")
+    assert len(probes) == 17
+    for name, p in probes.items():
+        d_model = round((p["block"] / 12) ** 0.5)
+        shape = shapes.ModelShape(p["layers"], 4, d_model, p["vocab"], p["root"] // d_model - p["vocab"], 0)
+        rows = coordinator.fetched_until_backward(shape, p["zero"], "--no-checkpoint" not in p.get("flags", []))
+        assert [row[:2] for row in p["rows"][len(rows) - 2:len(rows)]] == [["release", "GPT"], ["fetch", "GPT"]]
+        assert rows == [row[2] for row in p["rows"][:len(rows)]], name
+
+
+def test_at_the_offload_configs_settings_the_losss_backward_finds_the_embedding_and_5_blocks_fetched():
+    shape, zero = t.PRESETS["1.3b"], json.loads(INFINITY.read_text())["zero_optimization"]
+    for checkpoint in (True, False):
+        assert coordinator.fetched_at_backward_start(shape, zero, checkpoint) == shape.embedding + 5 * 12 * 2048**2
+
+
+def test_one_rank_that_copies_its_weights_in_holds_what_the_coordinator_fetched_at_backwards_start():
+    shape, zero = t.PRESETS["1.3b"], json.loads(INFINITY.read_text())["zero_optimization"]
+    infinity = run(3, micro_batch=2, seq=1024, checkpoint=False, offload={"optimizer": "cpu", "param": "cpu"})
+    alone, rehearsed = (rank_memory(infinity, shape, Counts.of_shape(shape), zero, Seat(world)) for world in (1, 2))
+    assert alone.start_gathered == 2 * (shape.embedding + 5 * 12 * 2048**2)
+    assert rehearsed.start_gathered == 2 * shape.embedding  # all-gathered: what backward's first prefetch takes
+    assert rank_memory(dataclasses.replace(infinity, offload={"optimizer": "cpu", "param": None}), shape,
+                       Counts.of_shape(shape), zero, Seat(1)).start_gathered == 0
 
 
 @pytest.mark.parametrize("prefetch, twelfths", [
@@ -700,14 +741,15 @@ def test_a_prefetch_of_more_than_a_block_gathers_the_whole_model_ahead():
     assert moments.gathered_ahead(24, 100, 200, 2600, 100, 12) == 100  # a block reaches the cap: no prefetch
 
 
-@pytest.mark.parametrize("stage, world, checkpoint", [(2, 2, True), (3, 1, True), (3, 2, False)])
-def test_only_stage_3_with_checkpointing_on_more_than_one_rank_prefetches_ahead_of_backward(stage, world,
-                                                                                           checkpoint):
+@pytest.mark.parametrize("stage, fetches, checkpoint", [(2, True, True), (3, False, True), (3, True, False)])
+def test_only_stage_3_with_checkpointing_where_it_fetches_weights_prefetches_ahead_of_backward(stage, fetches,
+                                                                                              checkpoint):
     shape = t.PRESETS["1.3b"]
-    assert moments.prefetch_bytes(stage, "deepspeed", 2, world, {}, shape, shape.params, checkpoint, 2048, 1, 1) == 0
+    assert moments.prefetch_bytes(stage, "deepspeed", 2, 2, fetches, {}, shape, shape.params, checkpoint, 2048, 1,
+                                  1) == 0
     matrices, embedding = 12 * 2048**2, shape.padded_vocab * 2048
     ahead = (24 / 2 + 4) * matrices + shape.root_params  # DeepSpeed's cap of 1e9 is further
-    assert moments.prefetch_bytes(3, "deepspeed", 2, 2, {}, shape, shape.params, True, 2048, 1, 1) == (
+    assert moments.prefetch_bytes(3, "deepspeed", 2, 2, True, {}, shape, shape.params, True, 2048, 1, 1) == (
         2 * (ahead + embedding) + 24 * 2 * 2048 * 2048 + 1 + 2 * 5e8 * 1.5)
 
 
@@ -855,12 +897,42 @@ def test_only_stage_3_with_its_optimizer_on_the_cpu_has_a_predicted_host_peak():
     assert host.host_peak_bytes(3, 2, 1, 1e9, pinned, shape, shape.params, False) == unpinned + rounding
 
 
-# Parameter offload's host peak (ds_config_stage3_infinity.json), not modelled (issue 47, item 2): a record's key
-# once held its stage alone, and each folder's 3_offload run, read after 3_infinity's, hid these.
-HOST_PEAK_MISSES = {(f"h200/{run}/summary.json", "ds_config_stage3_infinity", 0): -0.163 for run in (
-    "36-step-time/1-default-mb2/results/20261203-125222-92vQ", "36-step-time/2-mb16/results/20261203-125629-37UC",
-    "38-step-time2/results/20261204-042628-ALeK", "38-step-time2/results/20261204-042918-8zcB",
-    "38-step-time2/results/20261204-043149-7Iky")}
+def test_offloaded_weights_are_pinned_flat_buffers_and_the_cached_blocks_of_zero_inits_own_partitions():
+    shape = shapes.ModelShape(1, 1, 8, 64, 8, 0)  # matrices: embedding 512, positions 64, a block's 192, 64, 256, 256
+    pinned = {"offload_param": {"device": "cpu", "pin_memory": True}, "stage3_param_persistence_threshold": 32}
+    flat = 4096 + 256  # the matrices' 1344 elements and the vectors' 120 in bf16, each rounded up to a power of two
+    own = 1024 + 128 + 512 + 128 + 512 + 512 + 1024  # each matrix's, and the output layer's built before tying
+    assert host.offloaded_weights_bytes(2, 1, pinned, shape) == flat + own
+    unpinned = {**pinned, "offload_param": {"device": "cpu", "pin_memory": False}}
+    assert host.offloaded_weights_bytes(2, 1, unpinned, shape) == flat
+    assert host.offloaded_weights_bytes(2, 1, {}, shape) == 0
+
+
+def test_offloaded_weights_take_the_steps_update_in_place_and_nvme_is_not_predicted():
+    shape, cpu = t.PRESETS["1.3b"], {"offload_optimizer": {"device": "cpu", "pin_memory": False}}
+    infinity = {**cpu, "offload_param": {"device": "cpu", "pin_memory": False}}
+    weights = host.offloaded_weights_bytes(2, 1, infinity, shape)
+    assert host.host_peak_bytes(3, 2, 1, 1e9, infinity, shape, shape.params, False) == (
+        host.host_peak_bytes(3, 2, 1, 1e9, cpu, shape, shape.params, False) - 2 * 1e9 + weights)
+    nvme = {**cpu, "offload_param": {"device": "nvme"}}
+    assert host.host_peak_bytes(3, 2, 1, 1e9, nvme, shape, shape.params, False) is None
+
+
+def test_offloading_the_weights_too_adds_them_to_the_resident_set_once_the_engine_is_ready_within_1_percent():
+    """36-step-time's two runs and 38-step-time2's 8zcB, where 3_infinity and 3_offload ran with the same settings:
+    the process's peak resident set when the engine was ready, one less the other, is the offloaded weights (7.454
+    to 7.455 GB, 7.455 predicted), the rest of the host's memory being alike."""
+    pairs = 0
+    for summary in sorted(LOGS.glob("h200/3[68]-step-time*/**/summary.json")):
+        results = json.loads(summary.read_text())["results"]
+        runs = {name: result.RankResult.from_dict(ranks[0]) for name, ranks in results.items()}
+        if {"stage3_infinity", "stage3_offload"} <= set(runs):
+            r, offload = runs["stage3_infinity"], runs["stage3_offload"]
+            added = r.memory_at_start.host_peak_rss_bytes - offload.memory_at_start.host_peak_rss_bytes
+            predicted = host.offloaded_weights_bytes(predict.WIDTH[r.run.dtype], 1, r.zero_config, result.shape_of(r))
+            assert predicted == pytest.approx(added, rel=0.01), summary
+            pairs += 1
+    assert pairs == 3
 
 
 def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its_prediction():
@@ -868,7 +940,9 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
     this test: 28.31 and 28.32 GiB against 28.34), 350m on 1 and 2, 2.7b on 1 and 2 (predicted
     before it ran: 57.19 GB, 57.22 measured), 38-step-time2's offloaded runs at micro batch 2, 8 and 16 (run after this
     test), and the timelines' runs at prefetch caps of 1e8 and 5e8. Issue 33
-    asks 10%; at 5%, leaving out the pinned blocks' rounding or gloo's staging fails it."""
+    asks 10%; at 5%, leaving out the pinned blocks' rounding or gloo's staging fails it. Parameter offload
+    (ds_config_stage3_infinity.json, 36-step-time and 38-step-time2, five runs): 36.35 to 36.37 GB against 35.89
+    (-1.3%), where the weights' pinned buffers (offloaded_weights_bytes) were left out at 30.43 (-16.3%)."""
     timelines = ((log, result.RankResult.from_dict(json.loads(line[len("RESULT "):])))
                  for log in sorted(LOGS.glob("h200/**/timeline_*.txt"))
                  for line in log.read_text(errors="replace").splitlines() if line.startswith("RESULT "))
@@ -881,7 +955,7 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
     # 36-step-time's two offloaded runs, 38-step-time2's three, 39-hf's Llama and 40-heldout's 350m among them
     assert len({run for run, _, _ in found}) == 25
     assert len(found) == 43
-    assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == HOST_PEAK_MISSES
+    assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
 
 
 @pytest.mark.parametrize("model, stage, world", [("tiny", 1, 257), ("350m", 2, 13), ("1.3b", 1, 8), ("2.7b", 2, 100)])

@@ -52,7 +52,7 @@ class MemoryTerms:
     workspace: float  # cuBLAS's workspaces and small tensors (predict.WORKSPACE_BYTES)
     freed_grads: float  # the gradients freed between steps and made anew in backward
     gathered: float
-    start_gathered: float  # those gathered through the loss's backward (moments.backward_start_bytes)
+    start_gathered: float  # those gathered through the loss's backward (moments.start_gathered_bytes)
     saved_weights: float
     activations: float | None  # None where the model's block is not one that activations.py knows: no peak then
     last_block: float  # the first block's activations, whose backward comes last
@@ -77,7 +77,7 @@ class MemoryTerms:
     @property
     def peak(self) -> float | None:
         """The most of the rank's moments, on top of what it holds throughout:
-        - backward's start: the weights that its first fetch gathers (start_gathered), those that autograd keeps
+        - backward's start: the weights gathered through it (moments.start_gathered_bytes), those that autograd keeps
           (saved_weights_bytes), the activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no
           gradient is made yet;
         - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights
@@ -125,10 +125,10 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     Without a shape, no activations; zero: the config's zero_optimization section, as DeepSpeed read it."""
     stage, engine, dtype, world, params = run.stage, run.engine, run.dtype, seat.world, counts.params
     width, offload, offloaded = predict.WIDTH[dtype], offload_of(run), bool(offload_of(run)["optimizer"])
-    act = activations(run, shape, seat)
+    act, checkpoint = activations(run, shape, seat), bool(run.checkpoint)
     shard = counts.shard if counts.shard is not None else predict.shard_elems(stage, params, -(-params // world), world)
-    embedding, tokens = (shape.embedding if shape else 0), (run.micro_batch or 0) * (run.seq or 0)
-    gathered, start_gathered = gathered_weights(run, shape, counts, zero, world)
+    tokens = (run.micro_batch or 0) * (run.seq or 0)
+    fetches = predict.fetches_weights(stage, engine, world, offload if seat.on_gpu else NO_OFFLOAD)
     kept = predict.kept_grad_elems(stage, engine, world, params, shape, seat.rank, offload)
     stage1 = predict.stage1_reduction_bytes(stage, engine, width, world, params, shape, seat.rank, offload, zero)
     sub_group = predict.sub_group_elems(zero, counts.largest, world) if shards_params(stage) else None
@@ -144,10 +144,9 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     return MemoryTerms(
         breakdown=states, states=device, host_states=sum(states.values()) - device,
         host_buffers=predict.host_buffer_bytes(shard, offload) if seat.on_gpu else 0,
-        buffers=predict.buffer_bytes(stage, engine, width, zero), gathered=gathered, start_gathered=start_gathered,
+        buffers=predict.buffer_bytes(stage, engine, width, zero),
         workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed,
-        saved_weights=predict.saved_weights_bytes(stage, engine, width, world, shape.layers if shape else 0,
-                                                  counts.block, embedding, bool(run.checkpoint), zero),
+        **fetched_weights(run, shape, counts, zero, world, fetches),
         activations=act["activations"], last_block=act["last_block"], reduction=reduction,
         backward_buckets=buckets if predict.partitioned(stage, "grads") else 0,
         reduced_grads=predict.reduced_grads_bytes(stage, dtype, freed, transient),
@@ -157,22 +156,26 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         offloaded_grad=predict.offloaded_grad_bytes(stage, engine, width, counts.largest, world, offloaded),
         scatter=moments.scatter_bytes(stage, engine, width, world, zero, params, act["blocks"],
                                       moments.held_output_grad_elems(shape) if shape else 0),
-        prefetched=moments.prefetch_bytes(stage, engine, width, world, zero, shape, params, bool(run.checkpoint),
+        prefetched=moments.prefetch_bytes(stage, engine, width, world, fetches, zero, shape, params, checkpoint,
                                           tokens, act["last_block"], act["activations"] or 0) if shape else 0,
         regathered=moments.regathered_bytes(stage, engine, width, params, world, seat.rehearsed))
 
 
-def gathered_weights(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[str, Any],
-                     world: int) -> tuple[float, float]:
-    """The 16-bit weights that stage 3 holds gathered besides its shards: the most while a module computes
-    (predict.gathered_bytes), and through the loss's backward (moments.backward_start_bytes; the former without a
-    shape, and on FSDP2, whose root module stays gathered from forward into backward)."""
-    width, embedding = predict.WIDTH[run.dtype], shape.embedding if shape else 0
-    gathered = predict.gathered_bytes(run.stage, run.engine, width, world, counts.block, embedding, counts.root,
+def fetched_weights(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[str, Any], world: int,
+                    fetches: bool) -> dict[str, float]:
+    """The 16-bit weights that stage 3 holds whole beyond its shards, where it fetches them (fetches: on more than
+    one rank, or on one whose partitions live in host memory) and FSDP2 casts them: gathered at once while a module
+    computes (predict.gathered_bytes), gathered through the loss's backward (moments.start_gathered_bytes), and
+    those that autograd keeps for backward (predict.saved_weights_bytes)."""
+    stage, engine, width, checkpoint = run.stage, run.engine, predict.WIDTH[run.dtype], bool(run.checkpoint)
+    embedding, layers = (shape.embedding, shape.layers) if shape else (0, 0)
+    gathered = predict.gathered_bytes(stage, engine, width, fetches, counts.block, embedding, counts.root,
                                       predict.zero_setting(zero, "stage3_prefetch_bucket_size"), counts.params)
-    if shape is None or run.engine != "deepspeed":
-        return gathered, gathered
-    return gathered, moments.backward_start_bytes(run.stage, run.engine, width, world, zero, shape, counts.params)
+    return {"gathered": gathered,
+            "start_gathered": moments.start_gathered_bytes(width, world, fetches, gathered, zero, shape, checkpoint,
+                                                           counts.params),
+            "saved_weights": predict.saved_weights_bytes(stage, engine, width, fetches, layers, counts.block,
+                                                         embedding, checkpoint, zero)}
 
 
 def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, float | None]:

@@ -6,6 +6,7 @@ predict.py; memory.MemoryTerms' peak takes the most of the moments.
 import math
 from typing import Any
 
+from zero3bench.accounting import coordinator
 from zero3bench.accounting.predict import zero_setting
 from zero3bench.accounting.shapes import ModelShape
 from zero3bench.stages import shards_params, splits_one_buffer
@@ -95,30 +96,45 @@ def held_output_grad_elems(shape: ModelShape) -> int:
     return shape.embedding if shape.tied else 0
 
 
-def backward_start_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], shape: ModelShape,
-                         params: float) -> float:
-    """The 16-bit weights that stage 3 on more than one rank holds gathered through the loss's backward, which comes
-    before any module's: what backward's first fetch prefetches (the model's own, whose loss has no parameters):
-    the output layer's weight, released after forward, and behind it the last block's tensors on, whole, while
-    fewer than stage3_prefetch_bucket_size and stage3_max_live_parameters are taken (taken_by_prefetch). The output
-    layers of 350m (51M elements), 1.3b (103M) and 39-hf's models (131M to 263M) fill the bucket of 5e7 alone, as
-    the probe finds (benchmarks/logs/cpu/backward-probe: the weight, twice with the copy of saved_weights_bytes)."""
-    if not (shards_params(stage) and engine == "deepspeed" and world > 1):
-        return 0
+def start_gathered_bytes(width: int, world: int, fetches: bool, gathered: float, zero: dict[str, Any],
+                         shape: ModelShape | None, checkpoint: bool, params: float) -> float:
+    """The 16-bit weights that stage 3 holds gathered through the loss's backward, which comes before any module's,
+    where it fetches weights (predict.fetches_weights) and the model's shape is known:
+    - ranks that all-gather gather each fetch into one flat buffer (partition_parameters.py: _all_gather_coalesced),
+      which a release frees whole: forward's are freed, and what backward's first fetch (the model's own, whose loss
+      has no parameters) prefetches is held, the output layer's weight and behind it the last block's tensors on,
+      whole, while fewer than stage3_prefetch_bucket_size and stage3_max_live_parameters are taken
+      (taken_by_prefetch). The output layers of 350m (51M elements), 1.3b (103M) and 39-hf's models (131M to 263M)
+      fill the bucket of 5e7 alone, as the probe finds (benchmarks/logs/cpu/backward-probe: the weight, twice with
+      the copy of predict.saved_weights_bytes);
+    - one rank that copies its weights in from host memory copies each tensor on its own, so the device holds what
+      DeepSpeed's coordinator has fetched then, forward's last prefetches among it
+      (coordinator.fetched_at_backward_start: at 1.3b and the infinity config, the tied embedding and 5 blocks, 0.66
+      GiB; 3_infinity on one H200 peaked 0.66 to 0.70 GiB above the rest of backward's start at micro batch 2 to 16,
+      36-step-time and 38-step-time2).
+    Elsewhere what is gathered at once (gathered, predict.gathered_bytes): nothing on a rank that fetches no
+    weights, FSDP2's root module, which stays gathered from forward into backward, and without a shape the module
+    and the prefetch bucket."""
+    if shape is None or not fetches:
+        return gathered
+    if world == 1:
+        return width * coordinator.fetched_at_backward_start(shape, zero, checkpoint)
     room = min(zero_setting(zero, "stage3_prefetch_bucket_size"), zero_setting(zero, "stage3_max_live_parameters"))
     return width * min(taken_by_prefetch(room, [shape.embedding, *shape.layers * shape.block_tensors[0]]), params)
 
 
-def prefetch_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], shape: ModelShape,
-                   params: int, checkpoint: bool, tokens: int, last_block: float, activations: float) -> float:
-    """Stage 3 on more than one rank, in backward with checkpointing, where the prefetch holds the most ahead
-    (gathered_ahead): those weights, the tied embedding's whole gradient (held_output_grad_elems), every block's
-    checkpointed input, a recomputed block's activations, and a bucket's reduction. The offload config's 1e9 cap
-    on 2 rehearsed ranks: 15 gathered blocks in flight at once, 3.68 GiB at the peak (benchmarks/logs/h200/29-live).
-    Where a prefetch gathers more than a block, forward's end has gathered them already, so backward's start, with
-    all its activations, may hold more (350m offloaded on 2 ranks: 290M of its 353M partitioned elements gathered
-    there, its peak, 29-live/4-trace350m)."""
-    if not (shards_params(stage) and engine == "deepspeed" and world > 1 and checkpoint):
+def prefetch_bytes(stage: int, engine: str, width: int, world: int, fetches: bool, zero: dict[str, Any],
+                   shape: ModelShape, params: int, checkpoint: bool, tokens: int, last_block: float,
+                   activations: float) -> float:
+    """Stage 3 where it fetches weights (predict.fetches_weights: on more than one rank, or on one whose partitions
+    live in host memory), in backward with checkpointing, where the prefetch holds the most ahead (gathered_ahead):
+    those weights, the tied embedding's whole gradient (held_output_grad_elems), every block's checkpointed input, a
+    recomputed block's activations, and a bucket's reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15
+    gathered blocks in flight at once, 3.68 GiB at the peak (benchmarks/logs/h200/29-live). Where a prefetch gathers
+    more than a block, forward's end has gathered them already, so backward's start, with all its activations, may
+    hold more (350m offloaded on 2 ranks: 290M of its 353M partitioned elements gathered there, its peak,
+    29-live/4-trace350m)."""
+    if not (shards_params(stage) and engine == "deepspeed" and fetches and checkpoint):
         return 0
     twelfths, ahead = prefetch_reach(zero, shape, params)
     inputs = shape.layers * width * tokens * shape.d_model

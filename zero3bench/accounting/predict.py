@@ -19,7 +19,8 @@ MASTER_BYTES = 4  # an fp32 copy of the weights per element
 
 # DeepSpeed's settings as it reads them: its own value where a config's zero_optimization section sets none
 DEEPSPEED_DEFAULTS = {"sub_group_size": 1e9, "stage3_prefetch_bucket_size": 5e7, "reduce_bucket_size": 5e8,
-                      "stage3_max_live_parameters": 1e9, "memory_efficient_linear": True}
+                      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9,
+                      "stage3_param_persistence_threshold": 1e5, "memory_efficient_linear": True}
 
 def zero_setting(zero: dict[str, Any], key: str) -> Any:
     """A setting of a config's zero_optimization section, or DeepSpeed's own value where it sets none."""
@@ -201,34 +202,42 @@ def buffer_bytes(stage: int, engine: str, width: int, zero: dict[str, Any]) -> f
     return width * zero_setting(zero, "reduce_bucket_size") if shards_params(stage) and engine == "deepspeed" else 0
 
 
-def gathered_bytes(stage: int, engine: str, width: int, world: int, block: float, embedding: int, root: int,
+def fetches_weights(stage: int, engine: str, world: int, offload: Mapping[str, str | bool | None]) -> bool:
+    """Whether DeepSpeed's stage 3 makes each module's whole weights on the device to compute it: on more than one
+    rank it all-gathers them; on one, where offload_param keeps the partitions in host memory, it copies each
+    tensor to the device (partition_parameters.py: NoGatherHandle); else a parameter on one rank is its
+    partition, computed where it lies (_no_gather_coalesced)."""
+    return shards_params(stage) and engine == "deepspeed" and (world > 1 or bool(offload["param"]))
+
+
+def gathered_bytes(stage: int, engine: str, width: int, fetches: bool, block: float, embedding: int, root: int,
                    prefetch: float, params: float = math.inf) -> float:
     """The 16-bit weights that stage 3 holds gathered at once, on top of its shards: DeepSpeed the module it computes (a
     whole block, as train_gpt.py makes each block a leaf, or the embedding) and the prefetch bucket ahead of it, no more
-    than the model holds (params: a model smaller than the bucket gathers itself whole at most), but nothing on one
-    rank, where a gathered parameter is its partition (_no_gather_coalesced); FSDP2, even on one rank, as it casts them
-    from its fp32 shards, its root module (embeddings, final norm), kept from forward into backward, the block it
-    computes and the next one, prefetched. None at stages 0 to 2, which keep the weights whole."""
+    than the model holds (params: a model smaller than the bucket gathers itself whole at most), where it fetches
+    weights (fetches_weights); FSDP2, even on one rank, as it casts them from its fp32 shards, its root module
+    (embeddings, final norm), kept from forward into backward, the block it computes and the next one, prefetched.
+    None at stages 0 to 2, which keep the weights whole."""
     if not shards_params(stage):
         return 0
     if engine == "fsdp2":
         return width * (root + 2 * block)
-    return width * min(max(block, embedding) + prefetch, params) if world > 1 else 0
+    return width * min(max(block, embedding) + prefetch, params) if fetches else 0
 
 
-def saved_weights_bytes(stage: int, engine: str, width: int, world: int, layers: int, block: float, output: int,
+def saved_weights_bytes(stage: int, engine: str, width: int, fetches: bool, layers: int, block: float, output: int,
                         checkpoint: bool, zero: dict[str, Any]) -> float:
-    """The gathered 16-bit weights that autograd keeps for backward at stage 3 on more than one rank, with torch's
-    own linear layer (memory_efficient_linear false, as ds_config_stage3.json has it): each Linear saves its weight,
-    and DeepSpeed's release cannot free a storage that autograd still holds, so that backward gathers a second copy
-    of it: the output layer's (output: its elements), which no checkpoint covers, and without checkpointing every
+    """The fetched 16-bit weights (fetches_weights) that autograd keeps for backward at stage 3, with torch's own
+    linear layer (memory_efficient_linear false, as ds_config_stage3.json has it): each Linear saves its weight, and
+    DeepSpeed's release cannot free a storage that autograd still holds, so that backward fetches a second copy of
+    it: the output layer's (output: its elements), which no checkpoint covers, and without checkpointing every
     block's. With DeepSpeed's linear, which saves the parameter rather than its data, none. On 2 H200s
     (benchmarks/logs/h200x2/13-fsdp2/15-final5, today's config) stage 3 without checkpointing peaked 2.44 GiB above
     the rest of the prediction at micro batch 2 (2.47 at 16): 24 blocks and the output layer are 2.44 GiB in bf16.
     With checkpointing, the output layer's weight twice at the loss's backward made up what 1.3b's peak on 4 and 8
     rehearsed ranks (24-peaks) lacked, 1.6% and 2.6%, and Llama 3.2 1B's and Qwen2.5 1.5B's on 4 (39-hf), 5.5% and
     4.0%; the probe finds both copies (benchmarks/logs/cpu/backward-probe)."""
-    keeps = (shards_params(stage) and engine == "deepspeed" and world > 1
+    keeps = (shards_params(stage) and engine == "deepspeed" and fetches
              and not zero_setting(zero, "memory_efficient_linear"))
     return width * (output + (0 if checkpoint else layers * block)) if keeps else 0
 

@@ -19,8 +19,9 @@ PEAK_SLACK = 1.15
 
 # A record from before the zero_optimization section was recorded: DeepSpeed's defaults stand for its settings,
 # but its config capped the prefetch ahead of backward (1e8 in ds_config_stage3.json since e2f8cf7), so that
-# moment (moments.prefetch_bytes) is left out rather than taken at DeepSpeed's 1e9.
-UNRECORDED = {"stage3_max_live_parameters": 0}
+# moment (moments.prefetch_bytes) is left out rather than taken at DeepSpeed's 1e9, and released each module's
+# weights after use (stage3_max_reuse_distance 0 in every config since 144abf2), where DeepSpeed's 1e9 keeps them.
+UNRECORDED = {"stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0}
 
 
 def predicted_peak(r: RankResult) -> float | None:
