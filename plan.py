@@ -124,10 +124,13 @@ def hf_shape(model: str) -> ModelShape:
     path = hf.config_path(model)
     if path is None:
         raise BadInput(f"--model {model} is a preset: give it as --preset")
-    shape = hf.shape_of(hf.transformers_config(hf.read_config(path), path))
+    config = hf.transformers_config(hf.read_config(path), path)
+    shape = hf.shape_of(config)
     if not shape.activations_known:  # a plan's rows are its peaks
-        raise BadInput(f"--model {model}: its family's activations are not predicted (those of "
-                       f"{', '.join(hf.LLAMA_LAYER)} are), so no peak can be planned")
+        why = ("its dropout is on, whose masks the activations do not count"
+               if config.model_type in hf.LLAMA_LAYER and hf.drops_out(config) else
+               f"its family's activations are not predicted (those of {', '.join(hf.LLAMA_LAYER)} are)")
+        raise BadInput(f"--model {model}: {why}, so no peak can be planned")
     return shape
 
 

@@ -234,6 +234,9 @@ def adamw(model, lr, fused):
 
 def build_engine(model, run, config):
     """The config's optimizer if it names one (DeepSpeed builds it), else torch's fused AdamW; or FSDP2."""
+    if run.compile:  # inductor draws its own random numbers unless told: a model's dropout then as the eager run's
+        from torch._inductor import config as inductor
+        inductor.fallback_random = True
     if run.engine == "fsdp2":
         model = fsdp2.shard(model, DTYPES[run.dtype], run.compile)
         return fsdp2.Engine(model, adamw(model, learning_rate(0, run), run.fused_adamw),

@@ -12,15 +12,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from zero3bench import finishing, result  # noqa: E402
+from zero3bench.reporting.theory import predictable  # noqa: E402
 
 LOGS = Path(__file__).resolve().parents[1] / "benchmarks" / "logs"
 TIMELINES = ("h200/29-live/*/timeline_*.txt", "h200/35-trace/timeline_*.txt")
-
-
-def predictable(r: result.RankResult) -> bool:
-    """A GPU rank that stepped and records its census and the zero_optimization section DeepSpeed read."""
-    config = r.zero_config or r.run.engine == "fsdp2"
-    return bool(r.mem_kind == "cuda" and r.steps and not r.oom and r.model_state_breakdown and config)
 
 
 def rank_records() -> dict[str, float]:

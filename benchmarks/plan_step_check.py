@@ -44,7 +44,7 @@ def main() -> int:
     cal, *folders = (Path(a) for a in sys.argv[1:])
     t = steptime.terms(cal)
     own = ", ".join(f"stage {stage} {s * 1e6:.0f}" for stage, s in t.own_s_per_tensor.items())
-    adam = ", ".join(f"{setup} {s:.3f} s" for setup, s in t.cpu_adam_s.items())
+    adam = ", ".join(f"{setup} {s:.3f} s" for setup, s in t.host_step_s.items())
     print(f"calibrating run: {cal}\nGPU {t.gpu_flops_per_s / 1e12:.1f} TFLOP/s; launches "
           f"{t.launch_s_per_tensor_pass * 1e6:.0f} us per tensor per pass; own cost per tensor (us): {own}; "
           f"CPU Adam on {steptime.HOST_CORES} cores: {adam}\n")

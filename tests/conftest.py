@@ -100,14 +100,6 @@ def gpus_seen() -> dict:
     return json.loads(os.environ[GPUS_SEEN])
 
 
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the oldest leg's venv runs pytest without it
-def pytest_xdist_auto_num_workers(config):
-    """-n auto: one worker more than the cores. A launch's test waits for part of its time (on launchers, timeouts
-    and their processes), which a third worker fills on 2 cores: 538 s against 636 s with two
-    (benchmarks/logs/cpu/ci/workers-2-and-3-0d54484.txt)."""
-    return (os.cpu_count() or 1) + 1
-
-
 def pytest_configure(config):
     """Under pytest-xdist the GPUs are counted once, before the workers start: each inherits the count rather
     than importing torch for it (16 workers on one H200's machine)."""

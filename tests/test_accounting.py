@@ -182,7 +182,7 @@ def test_stage_3_where_it_fetches_weights_keeps_the_output_layers_and_without_ch
     assert predict.saved_weights_bytes(3, "fsdp2", 2, True, 24, 100, 300, False, torch_linear) == 0  # frees storage
 
 
-def test_backwards_first_prefetch_on_ranks_that_all_gather_takes_the_output_layers_weight_and_at_most_the_bucket():
+def test_backwards_first_prefetch_on_all_gathering_ranks_takes_the_output_weight_then_whole_tensors_past_the_bucket():
     shape = t.PRESETS["1.3b"]
     assert moments.start_gathered_bytes(2, 4, True, 0, {}, shape, True, shape.params) == 2 * shape.embedding
     qkv = 3 * 2048**2  # the last block's first tensor, taken whole
@@ -496,15 +496,6 @@ def records(folder):
             yield from ((summary, result.RankResult.from_dict(d)) for d in rs)
 
 
-def predictable(r):
-    """A GPU rank that stepped and records what the prediction reads: the census of its tensors and the
-    zero_optimization section as DeepSpeed read it (FSDP2 reads none). Older logs hold neither, or only the
-    census, and were made with configs that have since changed (git log ds_config_stage*.json): what they ran
-    cannot be predicted."""
-    config = r.zero_config or r.run.engine == "fsdp2"
-    return r.mem_kind == "cuda" and r.steps and not r.oom and r.model_state_breakdown and config
-
-
 def peak_runs():
     """Every rank's record of every run in 24-peaks."""
     return (r for _, r in records(PEAK_RUNS))
@@ -535,7 +526,7 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     too."""
     misses, covered = {}, set()
     for summary, r in records(LOGS):
-        if not predictable(r):
+        if not theory.predictable(r):
             continue
         finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
         miss = r.predicted.peak / training_peak(r) - 1

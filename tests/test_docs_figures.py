@@ -96,7 +96,7 @@ FIGURES = [
            r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
     Figure('"expected {} less or better: theory predicts {} less" for the 2-H200 run above', f"report.py {H200X2}",
            r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
-    Figure("Today's `report.py` on it says {}.", f"report.py {HF_LLAMA}", r"^VERDICT: (\w+)$", command=True),
+    Figure("Today's `report.py` on it says {} (", f"report.py {HF_LLAMA}", r"^VERDICT: (\w+)$", command=True),
     Figure("theory's ratio for the two runs (`memory.rank_memory`) divided by {}.", f"report.py {H200X2}",
            r"stage 3 may hold up to ([\d.]+)x its predicted share", command=True),
 ]
@@ -108,9 +108,6 @@ def compile_minutes() -> tuple:
     assert len(logs) == 5
     spent = [sum(float(t) for t in re.findall(r"step [16]/\d+ .* time ([\d.]+)s", log.read_text())) for log in logs]
     return f"{min(spent) / 60:.1f}", f"{max(spent) / 60:.1f}"
-
-
-
 
 
 DOCS = [

@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is optio
 pytest.importorskip("accelerate", reason="HfDeepSpeedConfig needs accelerate")
 import torch  # noqa: E402
 
+import plan  # noqa: E402
 from zero3bench import hf, inputs  # noqa: E402
 from zero3bench.accounting import activations  # noqa: E402
 from zero3bench.options import BadInput  # noqa: E402
@@ -65,9 +66,12 @@ def test_a_family_whose_layer_is_not_llamas_has_no_predicted_activations():
     assert not shape.activations_known
 
 
-def test_a_llama_with_dropout_has_no_predicted_activations(tmp_path):
-    shape, _ = inputs.chosen.__wrapped__(str(config_file(tmp_path, attention_dropout=0.1)))
+def test_a_llama_with_dropout_has_no_predicted_activations_and_plan_says_why(tmp_path):
+    path = str(config_file(tmp_path, attention_dropout=0.1))
+    shape, _ = inputs.chosen.__wrapped__(path)
     assert not shape.activations_known
+    with pytest.raises(BadInput, match="its dropout is on"):
+        plan.hf_shape(path)
 
 
 def test_gpt2_is_read_as_the_causal_language_model_it_is(tmp_path):

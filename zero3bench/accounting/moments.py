@@ -27,15 +27,15 @@ def reduction_copies(width: int, world: int, zero: dict[str, Any], params: int) 
 
 
 def scatter_bytes(stage: int, engine: str, width: int, world: int, zero: dict[str, Any], params: int,
-                  blocks: float, embedding: float) -> float:
+                  blocks: float, held_output_grad: float) -> float:
     """Stage 3's reduction of its first full gradient bucket in backward (reduction_copies), after the output
     layer's backward: the blocks' activations not yet run then (blocks: all of them), and the tied embedding's
-    whole gradient (embedding: its elements, held_output_grad_elems), which the output layer made and which is
-    reduced only after the embedding's own."""
+    whole gradient (held_output_grad: its elements, held_output_grad_elems; none where the output layer is not
+    tied), which the output layer made and which is reduced only after the embedding's own."""
     if not (shards_params(stage) and engine == "deepspeed" and world > 1):
         return 0
     bucket = min(zero_setting(zero, "reduce_bucket_size"), params)
-    return reduction_copies(width, world, zero, params) + blocks * (1 - bucket / params) + width * embedding
+    return reduction_copies(width, world, zero, params) + blocks * (1 - bucket / params) + width * held_output_grad
 
 
 def taken_by_prefetch(limit: float, tensors: list[int]) -> int:

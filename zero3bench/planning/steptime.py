@@ -129,7 +129,7 @@ class Terms:
     gpu_flops_per_s: float  # its stage 0's where the GPU holds it, else GPU_FLOPS_PER_S
     launch_s_per_tensor_pass: float  # its stage 0's where the host holds it, else LAUNCH_S_PER_TENSOR_PASS
     own_s_per_tensor: dict[int, float]  # by stage: its own where the host holds it, else OWN_S_PER_TENSOR's
-    cpu_adam_s: dict[str, float]  # by offload setup, on HOST_CORES cores
+    host_step_s: dict[str, float]  # by offload setup, on HOST_CORES cores: CPU Adam and what DeepSpeed does around it
 
 
 def host_s(t: Terms, m: Measured, checkpoint: bool) -> float:
@@ -145,7 +145,7 @@ def step_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool, cores: int
            host_gbs: float = HOST_GBS) -> float:
     """The planned step at world 1 of m's setup (its shape and setup, not its step): the longer clock through the
     passes, then offload's copies and CPU Adam on the host's cores."""
-    alone = copies_s(m, host_gbs) + t.cpu_adam_s[m.setup] * HOST_CORES / cores if m.setup in t.cpu_adam_s else 0
+    alone = copies_s(m, host_gbs) + t.host_step_s[m.setup] * HOST_CORES / cores if m.setup in t.host_step_s else 0
     return passes_s(t, m, micro_batch, checkpoint) + alone
 
 
@@ -171,7 +171,7 @@ def terms(folder: Path, cal: dict[str, Measured] | None = None) -> Terms:
         host_holds = gpu_s(m, m.micro_batch, m.checkpoint, rate) < launches + constant * m.param_tensors
         own[stage] = (m.step_s - launches) / m.param_tensors if host_holds else constant
     t = Terms(str(folder), rate, launch, own, {})
-    return replace(t, cpu_adam_s={s: cal[s].step_s - passes_s(t, cal[s], cal[s].micro_batch, cal[s].checkpoint)
+    return replace(t, host_step_s={s: cal[s].step_s - passes_s(t, cal[s], cal[s].micro_batch, cal[s].checkpoint)
                                   - copies_s(cal[s], HOST_GBS) for s in OFFLOADS})
 
 

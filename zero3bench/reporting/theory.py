@@ -18,10 +18,20 @@ from zero3bench.result import RankResult, shape_of
 PEAK_SLACK = 1.15
 
 # A record from before the zero_optimization section was recorded: DeepSpeed's defaults stand for its settings,
-# but its config capped the prefetch ahead of backward (1e8 in ds_config_stage3.json since e2f8cf7), so that
-# moment (moments.prefetch_bytes) is left out rather than taken at DeepSpeed's 1e9, and released each module's
-# weights after use (stage3_max_reuse_distance 0 in every config since 144abf2), where DeepSpeed's 1e9 keeps them.
-UNRECORDED = {"stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0}
+# but its config capped the weights gathered ahead (1e8 in ds_config_stage3.json since e2f8cf7) rather than leave
+# DeepSpeed's 1e9, and released each module's weights after use (stage3_max_reuse_distance 0 in every config since
+# 144abf2), where DeepSpeed's 1e9 keeps them. A cap of 0 here had taken backward's first prefetch away with the
+# prefetch moment: rehearsal-sweep's stage 3 on 8 ranks -6.3% against -3.7% at 1e8.
+UNRECORDED = {"stage3_max_live_parameters": 1e8, "stage3_max_reuse_distance": 0}
+
+
+def predictable(r: RankResult) -> bool:
+    """A GPU rank that stepped and records what the prediction reads: the census of its tensors and the
+    zero_optimization section as DeepSpeed read it (FSDP2 reads none). Older logs hold neither, or only the
+    census, and were made with configs that have since changed (git log ds_config_stage*.json): what they ran
+    cannot be predicted from the record."""
+    config = r.zero_config or r.run.engine == "fsdp2"
+    return bool(r.mem_kind == "cuda" and r.steps and not r.oom and r.model_state_breakdown and config)
 
 
 def predicted_peak(r: RankResult) -> float | None:
