@@ -21,7 +21,7 @@ README = ROOT / "README.md"
 LOGS = "benchmarks/logs/"
 H200_DEFAULT = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125033-TaPl"
 H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
-CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-5183904.txt"
+CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-871a90d.txt"
 HF_LLAMA = LOGS + "h200/39-hf/1-llama/results/20261204-040054-mcYy"
 EVERY_PEAK = LOGS + "cpu/predict/every-peak-44e9724.txt"
 
@@ -82,8 +82,8 @@ FIGURES = [
     Figure("torch {}, DeepSpeed {}: run.sh PASS at stages 0 to 3, {} passed", LOGS + "cpu/ci/oldest-leg-1f65427.txt",
            r"^oldest pair: torch ([\d.]+)\+\w+ deepspeed ([\d.]+)$[\s\S]*stages \"0 1 2 3\"[\s\S]*^VERDICT: PASS"
            r"[\s\S]*^(\d+) passed"),
-    Figure("torch {}, DeepSpeed {}: {} passed", LOGS
-           + "cpu/types/hints-runtime-9aae04a.txt", r"torch ([\d.]+)\+\w+ deepspeed ([\d.]+)[\s\S]*^(\d+) passed"),
+    Figure("torch {}, DeepSpeed {}: {} passed", CPU_CI, r"^(\d+) passed[\s\S]*torch ([\d.]+)\+\w+ deepspeed ([\d.]+)",
+           lambda passed, torch, deepspeed: (torch, deepspeed, passed)),
     Figure("torch {}, DeepSpeed {}: stages 0 and 3 on 4 rehearsed ranks, {}", LOGS
            + "h200/25-oldest/default/full-0.19.3/20261201-142019-mAuG/summary.md",
            r"^# ZeRO benchmark: (\w+)[\s\S]*^\| torch \| ([\d.]+)\+\w+ \|\n\| deepspeed \| ([\d.]+) \|",
