@@ -5,7 +5,7 @@
 # ranks), others (Qwen2.5 1.5B the same, less stages 1, 2 and offload; Mistral 7B cut to 4 layers, which keeps
 # its layer whole and lets 4 ranks of 16 bytes a parameter share one GPU), rest (what issue 46's matrix still lacks
 # after 39-hf: Qwen2.5 1.5B at stages 1, 2 and 3_offload, Mistral's 4 layers with optimizer offload, and 4 rehearsed
-# ranks without checkpointing). Results folders as results.tgz.
+# ranks without checkpointing). Results folders as results.tgz. Its wheels: benchmarks/device_wheels.sh.
 set -uo pipefail
 source "$(dirname "$0")/preamble.sh" "$@"; shift
 mistral=benchmarks/models/mistral-7b-v0.1-4layers.json
