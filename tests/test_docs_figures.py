@@ -233,5 +233,5 @@ def test_the_plan_example_is_what_its_command_prints_today():
     assert any(out[i:i + len(lines)] == lines for i in starts), f"paste {command}'s table:\n" + "\n".join(table)
 
 
-def test_the_readme_is_a_front_door_of_under_12000_characters():
-    assert len(readme()) < 12000
+def test_the_readme_is_a_front_door_of_under_12000_characters_and_200_lines():
+    assert len(readme()) < 12000 and len(readme().splitlines()) <= 200
