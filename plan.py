@@ -127,10 +127,7 @@ def hf_shape(model: str) -> ModelShape:
     config = hf.transformers_config(hf.read_config(path), path)
     shape = hf.shape_of(config)
     if not shape.activations_known:  # a plan's rows are its peaks
-        why = ("its dropout is on, whose masks the activations do not count"
-               if config.model_type in hf.LLAMA_LAYER and hf.drops_out(config) else
-               f"its family's activations are not predicted (those of {', '.join(hf.LLAMA_LAYER)} are)")
-        raise BadInput(f"--model {model}: {why}, so no peak can be planned")
+        raise BadInput(f"--model {model}: {hf.why_not_predicted(config)}, so no peak can be planned")
     return shape
 
 

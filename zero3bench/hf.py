@@ -173,6 +173,13 @@ def drops_out(config: Any) -> bool:
     return any(isinstance(v, (int, float)) and v > 0 for k, v in config.to_dict().items() if "dropout" in k)
 
 
+def why_not_predicted(config: Any) -> str:
+    """Why a model whose shape_of says its activations are not known has none predicted, in words."""
+    if config.model_type in LLAMA_LAYER and drops_out(config):
+        return "its dropout is on, whose masks the activations do not count"
+    return f"its family's activations are not predicted (those of {', '.join(LLAMA_LAYER)} are)"
+
+
 def model_is_tied(model: Any) -> bool:
     out = model.get_output_embeddings()
     return out is not None and out.weight is model.get_input_embeddings().weight
