@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
-# The wheels that a device call carries for the Hugging Face runs (benchmarks/h200_hf.sh): the working tree (41 MiB)
-# and ../shared/device/make_wheels.sh's wheels with transformers and accelerate (32 MiB) pass the 64 MiB a call
-# carries. Less what no import here needs: tokenizers (transformers checks it only where installed), hf_xet and the
-# hub's command line (downloads), and transformers' models but those the runs build (about 12 MiB in all). Checked
-# on this machine with those packages moved aside: the bundled configs counted, tiny Llama built.
+# The wheels that a device call carries for the Hugging Face runs (benchmarks/h200_hf.sh) and the README's test
+# command (benchmarks/h200_suite.sh): the working tree (41 MiB) and ../shared/device/make_wheels.sh's wheels with
+# transformers and accelerate (32 MiB) pass the 64 MiB a call carries. So transformers' models are cut to those
+# that the runs and tests build or name (about 20 MiB in all). Every dependency stays: the test command's pip
+# resolves the dependencies of what is installed, and the device has no network.
 #   bash benchmarks/device_wheels.sh      then run(..., carry=[".whl"]) with "source .whl/device-setup.sh && ..."
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pins=$(sed -n 's/^\(transformers\|accelerate\)>=[0-9.]*,<=\([0-9.]*\)$/\1==\2/p' requirements-hf.txt | tr '\n' ' ')
 EXTRA="$pins" bash ../shared/device/make_wheels.sh > /dev/null
-rm -f .whl/{tokenizers,hf_xet,typer,click,rich,pygments,markdown_it_py,mdurl,shellingham}-*.whl
 python3 - .whl/transformers-*.whl <<'PY'
 import re, sys, zipfile
 from pathlib import Path
-KEEP = {"auto", "llama", "qwen2", "mistral", "gpt_neox"}  # the families of configs/models and tests/models
+KEEP = {"auto", "llama", "qwen2", "mistral", "gpt_neox", "gpt2", "bloom", "bert", "vit"}  # configs/, tests/
 wheel = Path(sys.argv[1])
 dropped = re.compile(r"transformers/models/(?!(?:%s)/)[^/]+/" % "|".join(KEEP))
 source = zipfile.ZipFile(wheel)
