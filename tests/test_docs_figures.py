@@ -7,6 +7,7 @@ FIGURES holds each figure as the page writes it, with {} where the value goes, t
 regular expression whose groups read the value off the log (or off a command's output); `show` turns the groups
 into the page's form where the two differ (seconds into minutes, say), and `read` reads a figure that several
 logs make. Every other number of the README's prose is one that no run made, named in NOT_FROM_A_RUN."""
+import json
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Callable, Optional
 import pytest
 
 from conftest import ROOT
+from zero3bench import finishing, result
 
 README = ROOT / "README.md"
 LOGS = "benchmarks/logs/"
@@ -23,7 +25,7 @@ H200_DEFAULT = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125033-T
 H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
 CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-871a90d.txt"
 HF_LLAMA = LOGS + "h200/39-hf/1-llama/results/20261204-040054-mcYy"
-EVERY_PEAK = LOGS + "cpu/predict/every-peak-44e9724.txt"
+EVERY_PEAK = LOGS + "cpu/predict/every-peak-9d36bef.txt"
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ FIGURES = [
            r'"report_s": [\d.]+,\s*"total_s": ([\d.]+)', lambda s: (str(round(float(s))),)),
     Figure("Run the tests: {} on 2 CPU cores, {} passed and {} skipped", CPU_CI,
            r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (*minutes_seconds(t), p, s)),
-    Figure("{} s on one H200's 16 cores, {} passed and {} skipped", LOGS + "h200/37-suite/tests.txt",
+    Figure("{} s on one H200's 16 cores, {} passed and {} skipped", LOGS + "h200/43-suite/tests.txt",
            r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (str(round(float(t))), p, s)),
     # the answer on 2 H200s
     Figure("| DeepSpeed stage 0 | {} GiB | {} GiB | {} |", H200X2 + "/report.txt",
@@ -88,7 +90,7 @@ FIGURES = [
            + "h200/25-oldest/default/full-0.19.3/20261201-142019-mAuG/summary.md",
            r"^# ZeRO benchmark: (\w+)[\s\S]*^\| torch \| ([\d.]+)\+\w+ \|\n\| deepspeed \| ([\d.]+) \|",
            lambda verdict, torch, ds: (torch, ds, verdict)),
-    Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/37-suite/tests.txt",
+    Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/43-suite/tests.txt",
            r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*^(\d+) passed"),
     Figure("(Slurm, Open MPI {}, pdsh, sshd", LOGS + "cpu/launchers/start.txt", r"mpirun \(Open MPI\) ([\d.]+)$"),
     # what the code works out: (b)'s expectation, from today's report.py on the two runs
@@ -121,17 +123,39 @@ DOCS = [
            "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
     Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
            read=compile_minutes),
-    # Hugging Face configs on one H200: today's report.py on each committed run
-    *(Figure(row, f"report.py {LOGS}h200/39-hf/{run}", r"^peak memory +([\d.]+) GiB +(?:[\d.]+ GiB +){%d}([\d.]+) GiB"
-             r"[\s\S]*^VERDICT: (.+)$" % skipped, command=True, page="docs/hugging-face.md")
-      for row, run, skipped in (
-          ("| Llama 3.2 1B | 1 | 0, 1, 2, 3, 3_offload | {} GiB | {} GiB | {} |",
-           "1-llama/results/20261204-035727-J8Nt", 2),
-          ("| Llama 3.2 1B | 4 rehearsed | 0, 3 | {} GiB | {} GiB | {} |", "1-llama/results/20261204-040054-mcYy", 0),
-          ("| Qwen2.5 1.5B | 4 rehearsed | 0, 3 | {} GiB | {} GiB | {} |", "2-others/results/20261204-040459-VYoa", 0),
-          ("| Mistral 7B, 4 of its 32 layers | 4 rehearsed | 0, 3 | {} GiB | {} GiB | {} |",
-           "2-others/results/20261204-040835-PMrW", 0))),
 ]
+
+HF_RUNS = sorted(p.parent for folder in ("39-hf", "41-hf-rest")
+                 for p in (ROOT / LOGS / "h200" / folder).glob("**/summary.json"))
+HF_NAMES = {"llama-3.2-1b": "Llama 3.2 1B", "qwen2.5-1.5b": "Qwen2.5 1.5B",
+            "benchmarks/models/mistral-7b-v0.1-4layers.json": "Mistral 7B, 4 of its 32 layers"}
+
+
+def largest_miss(results: dict) -> str:
+    """Today's predicted peak against the most allocated in a step, the largest miss over the run's records."""
+    misses = [0.0]
+    for records in results.values():
+        for d in records:
+            r = result.RankResult.from_dict(d)
+            finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
+            misses.append(r.predicted.peak / max(s.memory.peak_mem_bytes for s in r.steps) - 1)
+    return f"{round(max(misses, key=abs), 3) or 0.0:+.1%}"
+
+
+def hf_row(folder) -> str:
+    """docs/hugging-face.md's row for a run: its model, ranks and checkpointing from its record, each stage's peak
+    and the verdict as today's report.py prints them, and today's prediction's largest miss."""
+    results = json.loads((folder / "summary.json").read_text())["results"]
+    r = next(iter(results.values()))[0]
+    out = subprocess.run([sys.executable, "report.py", str(folder)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120).stdout
+    peaks = re.findall(r"([\d.]+) GiB", re.search(r"^peak memory +(.*)$", out, re.M).group(1))
+    by_stage = ", ".join(f"{name.removeprefix('stage')}: {peak}" for name, peak in zip(results, peaks))
+    ranks = f"{r['world_size']} rehearsed" if r["rehearsal"] else str(r["world_size"])
+    verdict = re.search(r"^VERDICT: (.+)$", out, re.M).group(1)
+    return (f"| {HF_NAMES[r['model']]} | {ranks} | {'on' if r['checkpoint'] else 'off'} | {by_stage} | "
+            f"{largest_miss(results)} | {verdict} |")
+
 
 # Numbers of the README's prose that no run made: the specification's, the code's settings, names and citations.
 NOT_FROM_A_RUN = {
@@ -181,6 +205,13 @@ def prose_numbers(text: str) -> list[str]:
     text = re.sub(r"`[^`]*`", "", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
     return re.findall(r"(?<![\w.])\d+(?:[.,]\d+)*(?:–\d+x|[A-Za-z]\b)?", text)
+
+
+def test_the_hugging_face_table_holds_a_row_for_each_committed_run_made_from_its_log():
+    page = (ROOT / "docs/hugging-face.md").read_text()
+    table = [line for line in page.splitlines() if line.startswith("| ") and line.endswith(" |")][1:]
+    assert len(HF_RUNS) == 11
+    assert sorted(table) == sorted(map(hf_row, HF_RUNS))
 
 
 def test_every_number_of_the_readme_is_a_figure_or_named_as_no_run():
