@@ -227,16 +227,19 @@ def collective(kind: str, phase: str, nbytes: float, setup: str, model: Model, i
     return Collective(kind, phase, nbytes, bandwidth + latency, calls, latency)
 
 
-def step_collectives(setup: str, model: Model, i: Inputs, world: int, zero: dict[str, Any]) -> list[Collective]:
+def step_collectives(setup: str, model: Model, i: Inputs, world: int, zero: dict[str, Any],
+                     serial_copies: bool = False) -> list[Collective]:
     """One rank's collectives in a step, each over the slowest link it crosses (the network once the ranks span
-    nodes), and offload's copies over the host link."""
+    nodes), and offload's copies over the host link: after the step where the world-1 step they build on took
+    them so (serial_copies)."""
     stage, engine = SETUPS[setup]
     link = "inter" if world > i.gpus_per_node else "intra"
     comm = [collective(kind, phase, nbytes, setup, model, i, world, zero, link)
             for kind, phase, nbytes in timing.collectives(stage, engine, WIDTH, model.params, model.root)]
     copies = timing.host_copies(WIDTH, model.params / world) if offloads_optimizer(setup, i) else []
     copies += timing.param_fetches(WIDTH, model.params / world) if offloads_params(setup, i) else []
-    return comm + [Collective("host_copy", phase, nbytes, nbytes / (1e9 * i.host_gbs)) for phase, nbytes in copies]
+    return comm + [Collective("host_copy", "after" if serial_copies else phase, nbytes, nbytes / (1e9 * i.host_gbs))
+                   for phase, nbytes in copies]
 
 
 def compute_seconds(model: Model, i: Inputs) -> dict[str, float]:
@@ -245,6 +248,25 @@ def compute_seconds(model: Model, i: Inputs) -> dict[str, float]:
     flops = timing.pass_flops(i.micro_batch * i.seq * timing.flops_per_token(model.params, layers, d_model, i.seq),
                               i.checkpoint)
     return {p: f / (i.hfu * i.peak_tflops * 1e12) for p, f in flops.items()}
+
+
+def world_one_setup(setup: str, i: Inputs) -> str:
+    """The world-1 run a setup's step builds on: its own (3_offload, 3_infinity where it offloads); stage 0's for
+    FSDP2, whose own cost on the host no world-1 run here measured."""
+    own = setup + ("_infinity" if offloads_params(setup, i) else "_offload" if offloads_optimizer(setup, i) else "")
+    return "0" if setup == "fsdp2" else own
+
+
+def world_one_seconds(compute: dict[str, float], w: WorldOne, setup: str, i: Inputs, world: int) -> dict[str, float]:
+    """A rank's step without its collectives, from the world-1 clocks of the run it builds on (steptime.py): the
+    longer of the host's clock (launches, the engine's own cost such as ZeRO-3's hooks) and the GPU's, whose
+    optimizer pass covers a 1/G partition where the setup shards the optimizer, shared among the passes as their
+    FLOPs are; then CPU Adam, whose work (the whole model's) a node's ranks share, each on its share of the cores."""
+    base = world_one_setup(setup, i)
+    shards = world if setup == "fsdp2" or not stages.shards_nothing(SETUPS[setup][0]) else 1
+    scale = w.clocks[base].passes_s(shards) / sum(compute.values())
+    cpu_adam = w.cpu_adam_s.get(base, 0.0) * min(1.0, i.gpus_per_node / world)
+    return {**{p: s * scale for p, s in compute.items()}, **({"cpu_adam": cpu_adam} if cpu_adam else {})}
 
 
 def headroom_left(m: MemoryTerms, i: Inputs) -> float:
@@ -270,10 +292,13 @@ def estimate(setup: str, model: Model, i: Inputs, world: int) -> int | None:
     return e["device"] if e and engine == "deepspeed" else None
 
 
-def row(setup: str, model: Model, i: Inputs, world: int, zero: dict[str, Any]) -> Row:
+def row(setup: str, model: Model, i: Inputs, world: int, zero: dict[str, Any], w: WorldOne | None = None) -> Row:
+    """With w, the setup's world-1 step (where it has one) is the step's base; else the FLOPs at the MFU."""
     m = memory(setup, model, i, world, zero)
-    comm = step_collectives(setup, model, i, world, zero)
+    based = w is not None and world_one_setup(setup, i) in w.clocks
+    comm = step_collectives(setup, model, i, world, zero, serial_copies=based)
     compute = compute_seconds(model, i)
+    compute = world_one_seconds(compute, w, setup, i, world) if based else compute
     step = timing.step_seconds(compute, [(c.phase, c.s) for c in comm], model.shape.layers if model.shape else None)
     tokens = i.micro_batch * i.seq
     terms = {k: v for k, v in m.flat().items() if k != "breakdown"}
@@ -307,7 +332,7 @@ def scaled(r: Row, base: Row) -> Row:
 
 def plan(model: Model, i: Inputs, sources: dict[str, str], calibration: Calibration | None,
          world_one: WorldOne | None = None) -> Plan:
-    rows = [row(s, model, i, g, zero_section(s)) for s in i.stages for g in i.gpus]
+    rows = [row(s, model, i, g, zero_section(s), world_one) for s in i.stages for g in i.gpus]
     rows = [scaled(r, next(b for b in rows if b.setup == r.setup)) for r in rows]
     return Plan(model, i, sources, calibration, rows,
                 {s: smallest_fitting(s, model, i, zero_section(s)) for s in i.stages}, world_one)

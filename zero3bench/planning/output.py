@@ -69,15 +69,13 @@ NOTES = [
     "  its end (gradients, one block), the reduction after it (stage 0's flat bucket, stages 1-2's partition copy)",
     "  and the optimizer step (gradients, what the step makes): zero3bench/accounting/memory.py's rank_memory,",
     "  within 5% of every committed H200 run that records its config (tests/test_accounting.py)",
-    "compute: (6 x params + 12 x layers x d_model x seq) FLOPs per token (PaLM) at MFU x peak; with checkpointing",
-    "  the hardware does a third more (the recomputed forward), at HFU = 4/3 MFU x peak",
     "step: serial = compute + every collective; overlapped = per pass the longer of its compute and its collectives,",
     "  plus one layer's share of those, which nothing hides, plus what runs after backward (stage 0's all-reduce,",
     "  stage 1's reduce-scatter, stages 1-2's all-gather, offload's copy back), each over the slowest link it crosses",
     "collective: its bytes at the link's bus bandwidth, plus per call (one per block or bucket) a ring's latency as",
     "  NCCL's own cost model gives it (Simple protocol: 8.4 us, 3.4 us per NVLink step, 14 us per network step)",
     "scaling: tokens/s per GPU against the smallest G planned; above 100% where each GPU's work falls with G",
-    "  (offload's copies, of a 1/G partition)",
+    "  (offload's copies and the optimizer's pass, of a 1/G partition; CPU Adam, shared by more nodes)",
     "DS est.: DeepSpeed's estimate_zero2/zero3_model_states_mem_needs per GPU, which has none for stage 0 or FSDP2;",
     "  why it differs from states, in one line per stage:",
 ]
@@ -95,6 +93,19 @@ OFFLOAD_NOTES = [
 ]
 
 
+MFU_COMPUTE = [
+    "compute: (6 x params + 12 x layers x d_model x seq) FLOPs per token (PaLM) at MFU x peak; with checkpointing",
+    "  the hardware does a third more (the recomputed forward), at HFU = 4/3 MFU x peak",
+]
+WORLD_ONE_COMPUTE = [
+    "compute: the step at world 1 below without offload's copies: the longer of the host's clock (launches, the",
+    "  engine's own cost such as ZeRO-3's hooks) and the GPU's (FLOPs, the optimizer's pass on a 1/G partition where",
+    "  the optimizer is sharded), then CPU Adam, which a node's ranks share; FSDP2 on stage 0's clocks. The host's",
+    "  clock is the calibrating machine's: for 2 H200s of another machine, the steps at micro batch 2 were planned",
+    "  +21% to +55% too long, those at 16 within 12% (benchmarks/logs/plan/two-gpus-*.txt)",
+]
+
+
 def headroom_note(p: Plan) -> list[str]:
     i = p.inputs
     return ["fits: the reserved bytes (the peak, and the gradients freed between steps, which the allocator keeps",
@@ -108,7 +119,8 @@ def text(p: Plan) -> str:
                          for s, g in p.smallest_fitting_gpus.items())
     offloaded = any(r.host_per_node for r in p.rows)
     gaps = [ESTIMATOR_GAPS[s] for s in p.inputs.stages if s in ESTIMATOR_GAPS]
-    notes = NOTES + gaps + headroom_note(p) + (OFFLOAD_NOTES if offloaded else [])
+    compute = WORLD_ONE_COMPUTE if p.world_one else MFU_COMPUTE
+    notes = NOTES[:5] + compute + NOTES[5:] + gaps + headroom_note(p) + (OFFLOAD_NOTES if offloaded else [])
     return "\n".join([*header(p), "", main_table(p), "", comm_table(p), "",
                       f"smallest G on which the peak fits: {smallest}", "", *world_one_lines(p.world_one), *notes])
 

@@ -137,8 +137,25 @@ def host_s(t: Terms, m: Measured, checkpoint: bool) -> float:
     return launch_s(t.launch_s_per_tensor_pass, m, checkpoint) + t.own_s_per_tensor.get(m.stage, 0) * m.param_tensors
 
 
+@dataclass(frozen=True)
+class Clocks:
+    """A step's two clocks through its passes: the host's, and the GPU's (its FLOPs, then the optimizer's pass)."""
+    host_s: float
+    flops_s: float
+    optimizer_s: float
+
+    def passes_s(self, shards: int = 1) -> float:
+        """The longer clock, with the GPU's optimizer pass over a 1/shards partition of the parameters."""
+        return max(self.host_s, self.flops_s + self.optimizer_s / shards)
+
+
+def clocks(t: Terms, m: Measured, micro_batch: int, checkpoint: bool) -> Clocks:
+    return Clocks(host_s(t, m, checkpoint), micro_batch * row_flops(m, checkpoint) / t.gpu_flops_per_s,
+                  optimizer_s(m))
+
+
 def passes_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool) -> float:
-    return max(host_s(t, m, checkpoint), gpu_s(m, micro_batch, checkpoint, t.gpu_flops_per_s))
+    return clocks(t, m, micro_batch, checkpoint).passes_s()
 
 
 def step_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool, cores: int = HOST_CORES,
@@ -177,13 +194,16 @@ def terms(folder: Path, cal: dict[str, Measured] | None = None) -> Terms:
 
 @dataclass(frozen=True)
 class WorldOne:
-    """The planned world-1 step of each setup, at the plan's micro batch and checkpointing, from one run."""
+    """The planned world-1 step of each setup, at the plan's micro batch and checkpointing, from one run, and its
+    parts that a plan on G GPUs builds on (cluster.py): the passes and CPU Adam."""
     source: str  # the calibrating results folder
     model: str
     micro_batch: int
     checkpoint: bool
     host_cores: int
     step_s: dict[str, float]  # by setup: "0" ... "3", "3_offload", "3_infinity"
+    clocks: dict[str, Clocks]  # by setup: the two clocks through its passes
+    cpu_adam_s: dict[str, float]  # by offload setup: CPU Adam and what DeepSpeed does around it, on host_cores
 
 
 def world_one(folder: Path, cal: dict[str, Measured], model: str, micro_batch: int, checkpoint: bool,
@@ -194,4 +214,6 @@ def world_one(folder: Path, cal: dict[str, Measured], model: str, micro_batch: i
         return None
     t = terms(folder, cal)
     return WorldOne(str(folder), model, micro_batch, checkpoint, cores,
-                    {s: step_s(t, m, micro_batch, checkpoint, cores, host_gbs) for s, m in cal.items()})
+                    {s: step_s(t, m, micro_batch, checkpoint, cores, host_gbs) for s, m in cal.items()},
+                    {s: clocks(t, m, micro_batch, checkpoint) for s, m in cal.items()},
+                    {s: t.host_step_s[s] * HOST_CORES / cores for s in OFFLOADS})
