@@ -175,7 +175,6 @@ def test_a_runs_hardware_rate_carries_to_a_plan_without_checkpointing(capsys):
     on, off = (planned(capsys, "--from", STEADY, "--gpus", 8, "--stages", 0, flag)
                for flag in ("--checkpoint", "--no-checkpoint"))
     assert off["inputs"]["mfu"] == pytest.approx(on["inputs"]["hfu"])
-    assert off["rows"][0]["compute_s"] == pytest.approx(on["rows"][0]["compute_s"] * 3 / 4)
     assert "its HFU 0.451 carried to steps without checkpointing" in off["sources"]["mfu"]
 
 

@@ -345,7 +345,7 @@ def read_folder(path: Path) -> Folder:
     curves = [r.link_busbw for rs in own_gpus.values() for r in rs
               if isinstance(r.link_busbw, dict) and one_node([r])]
     curve = {int(k): v for k, v in curves[0].items()} if curves else None
-    alone = steptime.at_world_one({name: rs[0] for name, rs in records.items() if rs and name not in rehearsals})
+    alone = steptime.at_world_one({name: records[name][0] for name, rs in own_gpus.items() if steady_times(rs[0])})
     return Folder(path, machine(runs, path, calibrated),
                   ", ".join(devices) or None, curve, calibrated, rehearsals, alone)
 

@@ -130,8 +130,11 @@ def world_one_lines(w: WorldOne | None) -> list[str]:
     if not w:
         return []
     steps = ", ".join(f"{setup} {s:.3f} s" for setup, s in sorted(w.step_s.items()))
+    derived = sorted(set(w.step_s) - set(w.ran))
+    on_stage0 = [f"  {', '.join(derived)}: not run there; planned on its stage 0 and steptime.py's H200 constants"]
     return [f"step at world 1 ({w.model}, micro batch {w.micro_batch}, checkpointing "
-            f"{'on' if w.checkpoint else 'off'}, {w.host_cores} host cores; from {w.source}): {steps}", ""]
+            f"{'on' if w.checkpoint else 'off'}, {w.host_cores} host cores; from {w.source}): {steps}",
+            *(on_stage0 if derived else []), ""]
 
 
 def plot(p: Plan, path: Path) -> None:

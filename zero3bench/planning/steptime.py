@@ -173,7 +173,8 @@ def step_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool, cores: int
 def terms(folder: Path, cal: dict[str, Measured] | None = None) -> Terms:
     """The terms from the calibrating folder's world-1 runs (cal, where they are read already): its stage 0 sets
     the GPU's rate or the launches, whichever clock the constants say holds it; stages 1-3 their own cost where
-    the host holds them; each offload setup its CPU Adam, what its step leaves after the passes and the copies."""
+    the folder ran them and the host holds them; each offload setup it ran its CPU Adam, what its step leaves after
+    the passes and the copies."""
     cal = cal or measured(folder)
     s0 = cal["0"]
     rate, launch = GPU_FLOPS_PER_S, LAUNCH_S_PER_TENSOR_PASS
@@ -181,15 +182,14 @@ def terms(folder: Path, cal: dict[str, Measured] | None = None) -> Terms:
         rate = s0.micro_batch * row_flops(s0, s0.checkpoint) / (s0.step_s - optimizer_s(s0))
     else:
         launch = s0.step_s / (s0.param_tensors * passes(s0.checkpoint))
-    own = {}
-    for stage, constant in OWN_S_PER_TENSOR.items():
-        m = cal[str(stage)]
+    own = dict(OWN_S_PER_TENSOR)
+    for stage, m in ((stage, cal[str(stage)]) for stage in OWN_S_PER_TENSOR if str(stage) in cal):
         launches = launch_s(launch, m, m.checkpoint)
-        host_holds = gpu_s(m, m.micro_batch, m.checkpoint, rate) < launches + constant * m.param_tensors
-        own[stage] = (m.step_s - launches) / m.param_tensors if host_holds else constant
+        if gpu_s(m, m.micro_batch, m.checkpoint, rate) < launches + own[stage] * m.param_tensors:
+            own[stage] = (m.step_s - launches) / m.param_tensors
     t = Terms(str(folder), rate, launch, own, {})
     return replace(t, host_step_s={s: cal[s].step_s - passes_s(t, cal[s], cal[s].micro_batch, cal[s].checkpoint)
-                                  - copies_s(cal[s], HOST_GBS) for s in OFFLOADS})
+                                  - copies_s(cal[s], HOST_GBS) for s in OFFLOADS if s in cal})
 
 
 @dataclass(frozen=True)
@@ -201,19 +201,22 @@ class WorldOne:
     micro_batch: int
     checkpoint: bool
     host_cores: int
-    step_s: dict[str, float]  # by setup: "0" ... "3", "3_offload", "3_infinity"
+    ran: list[str]  # the setups the folder ran at world 1; the others of "0" to "3" are planned on stage 0's run
+    step_s: dict[str, float]  # by setup: "0" ... "3", and "3_offload", "3_infinity" where the folder ran them
     clocks: dict[str, Clocks]  # by setup: the two clocks through its passes
     cpu_adam_s: dict[str, float]  # by offload setup: CPU Adam and what DeepSpeed does around it, on host_cores
 
 
 def world_one(folder: Path, cal: dict[str, Measured], model: str, micro_batch: int, checkpoint: bool,
               cores: int, host_gbs: float) -> WorldOne | None:
-    """The plan's world-1 steps where the folder trained every setup at world 1 (cal) with the model planned;
-    else None (a calibration of one model says nothing of another's ZeRO-3 or host cost)."""
-    if not {"0", "1", "2", "3", *OFFLOADS} <= set(cal) or {m.model for m in cal.values()} != {model}:
+    """The plan's world-1 steps where the folder trained stage 0 at world 1 (cal) with the model planned: stages 1
+    to 3 on their own runs, or on stage 0's with the constants' own cost; an offload setup only where it ran (its
+    CPU Adam). Else None (a calibration of one model says nothing of another's ZeRO-3 or host cost)."""
+    if "0" not in cal or {m.model for m in cal.values()} != {model}:
         return None
     t = terms(folder, cal)
-    return WorldOne(str(folder), model, micro_batch, checkpoint, cores,
-                    {s: step_s(t, m, micro_batch, checkpoint, cores, host_gbs) for s, m in cal.items()},
-                    {s: clocks(t, m, micro_batch, checkpoint) for s, m in cal.items()},
-                    {s: t.host_step_s[s] * HOST_CORES / cores for s in OFFLOADS})
+    runs = {**{str(stage): replace(cal["0"], setup=str(stage), stage=stage) for stage in OWN_S_PER_TENSOR}, **cal}
+    return WorldOne(str(folder), model, micro_batch, checkpoint, cores, sorted(cal),
+                    {s: step_s(t, m, micro_batch, checkpoint, cores, host_gbs) for s, m in runs.items()},
+                    {s: clocks(t, m, micro_batch, checkpoint) for s, m in runs.items()},
+                    {s: t.host_step_s[s] * HOST_CORES / cores for s in t.host_step_s})
