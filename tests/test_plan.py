@@ -117,13 +117,20 @@ def test_torchtitans_fall_in_tokens_per_gpu_from_8_to_128_gpus_bounds_the_planne
     assert 0 < planned_fall <= min(published_falls)
 
 
-def test_torchtitans_memory_drop_from_8_to_128_gpus_is_planned_within_10_percent(capsys):
+def test_torchtitans_memory_drop_from_8_to_128_gpus_is_the_planned_one_and_at_most_the_allocators_reserve_more(
+        capsys):
+    """torchtitan reports the memory reserved, which keeps the gradients that FSDP2 frees after each step
+    (MemoryTerms.reserved), and the allocator's cache beyond it, which the plan does not model: it is what the plan's
+    headroom reserves (plan.ASSUMED's reserve_gib, above the most any committed H200 run kept: the test above). The
+    published drop is the planned one plus the difference of two such caches: at least the plan's (a cache holds
+    more where more is allocated), and at most the plan's and one reserve."""
     planned_rows = torchtitan_plan(capsys)
-    published = TORCHTITAN[8][1] - TORCHTITAN[128][1]  # 15.4 GiB
-    # torchtitan reports the memory reserved, which keeps the gradients that FSDP2 frees after each step
-    reserved = {n: planned_rows[n]["peak"] + planned_rows[n]["freed_grads"] for n in (8, 128)}  # MemoryTerms.reserved
-    drop = (reserved[8] - reserved[128]) / GIB  # the plan: 14.0 GiB, the model states
-    assert drop > 0 and abs(drop / published - 1) <= 0.10
+    published = (TORCHTITAN[8][1] - TORCHTITAN[128][1]) * GIB  # 15.4 GiB
+    reserved = {n: planned_rows[n]["peak"] + planned_rows[n]["freed_grads"] for n in (8, 128)}
+    drop = reserved[8] - reserved[128]  # the plan: 14.0 GiB
+    # the ZeRO paper's model states, 16 bytes a parameter over G (FSDP2's fp32 weights, gradients, Adam's two)
+    assert drop == pytest.approx(16 * LLAMA_8B["params"] * (1 / 8 - 1 / 128), rel=0.01)
+    assert drop <= published <= drop + plan.ASSUMED["reserve_gib"][0] * GIB
 
 
 # -----------------------------------------------------------------------------
