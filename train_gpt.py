@@ -118,7 +118,7 @@ def train(engine, run, tokens, device, r):
             time_s=elapsed, memory=measure.memory_snapshot(device), **comm)
         r.steps.append(s)
         if s.applied and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
-            r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device)  # what (c) compares
+            r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device, squared=True)  # for (c)
         log(r.rank, rank_lines.step_line(r, s))
         Stop.signalled = signalled
         Stop.reason = f"interrupted by {Stop.interrupted_by(True)}" if signalled else diverged(s.loss, r.first_loss)
