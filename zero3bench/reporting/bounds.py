@@ -19,9 +19,10 @@ SAME_TRAINING = SAME_COMPILED_OR_NOT + ("lr", "warmup")
 # Both stages train the same model on the same data with the same recipe, so their losses differ only by
 # rounding, at every step.
 LOSS_RTOL = 0.01
-# After the steps on one batch, the weights of the two stages, as weights_checksum sums them, differ only where
-# bf16 rounds an update differently: by 7.6e-6 to 2.1e-4 on 2 CPU ranks (seeds 0-2); a planted 1% perturbation of
-# one rank's shard moved them by far more, and the losses by only 0.17%.
+# After the steps on one batch, the weights of the two stages, as weights_checksum sums their squares, differ only
+# where bf16 rounds an update differently, which cancels in the squares: 2.5e-8 to 1.1e-6 on 2 CPU ranks (the tiny
+# GPT at seeds 0-2, and a Qwen2-MoE whose signed sum had put 0.41% between healthy runs); rank 1's shard perturbed
+# 1% moved them 1.1e-2 (the losses 0.02%), its gradients zeroed 3.1e-3 (benchmarks/logs/cpu/verdict/weights-squared).
 WEIGHTS_RTOL = 1e-3
 # The first step's loss is one forward pass over the same weights and batch: runs differ there only in the
 # order of sums, at most 7.8e-5 apart over the 1.3b runs in benchmarks/logs/, across versions of this code.
