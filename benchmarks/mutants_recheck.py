@@ -1,6 +1,7 @@
 """Runs the survivors named in a mutants log (benchmarks/mutants.py's) against chosen test files, to check that
 a new test kills them: `python3 benchmarks/mutants_recheck.py LOG MODULE_PART[,...] TEST_FILE ...` prints
-killed or survived for each survivor, timeout or uncovered one of the modules named."""
+killed or survived for each survivor, timeout or uncovered one of the modules named, or gone where its line has
+changed since the log."""
 import os
 import re
 import sys
@@ -23,5 +24,6 @@ if __name__ == "__main__":
         if any(part in module for part in parts):
             __import__(module)
             source = Path(sys.modules[module].__file__).read_text()
-            [mutant] = [x for x in mutants.mutants(source) if x[:4] == (qualname, text, what, same)]
-            print(mutants.in_a_fork(module, qualname, mutant[4], tests, selection), module, qualname, what, text[:70])
+            found = [x for x in mutants.mutants(source) if x[:4] == (qualname, text, what, same)]
+            verdict = mutants.in_a_fork(module, qualname, found[0][4], tests, selection) if found else "gone"
+            print(verdict, module, qualname, what, text[:70])  # gone: its line has changed since the log
