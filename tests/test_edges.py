@@ -6,6 +6,8 @@ from zero3bench.accounting import activations, predict
 from zero3bench.planning import inputs
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
+from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
+from zero3bench.reporting.figures import Check, Memory, Partitioning, Promises
 from zero3bench.result import RankResult
 
 
@@ -69,3 +71,125 @@ def test_a_plan_counts_the_nodes_its_gpus_fill_rounding_up(capsys):
     import plan
     plan.main(["--gpus", "8", "9", "--gpus-per-node", "8", "--stages", "3", "--json"])
     assert [r["nodes"] for r in json.loads(capsys.readouterr().out)["rows"]] == [1, 2]
+
+
+# -----------------------------------------------------------------------------
+# the verdict's words and branches
+
+
+def test_a_stage_3_that_counted_nothing_is_told_so():
+    assert verdict.say_partitioning(Partitioning(counted=False)) == "stage 3 reported no partitioning"
+
+
+def counted(same_weights):
+    return Partitioning(counted=True, partitioned=4, tensors=4, shards_ok=True, stage0_partitioned=0,
+                        same_weights=same_weights, world=2)
+
+
+def test_weights_without_both_checksums_are_told_as_not_compared():
+    told = verdict.say_partitioning(counted(None))
+    assert told.endswith("; a run failed before its checksum, so the weights were not compared")
+
+
+def test_shards_that_hold_stage_0s_weights_are_told_so():
+    assert "the shards hold exactly stage 0's initial weights" in verdict.say_partitioning(counted(True))
+
+
+def test_a_stage_0_that_partitions_a_tensor_fails_a():
+    zero3 = [RankResult(world_size=2, shards=Shards(param_tensors=4, partitioned_tensors=4, shard_check_ok=True))]
+    dense = [RankResult(world_size=2, shards=Shards(param_tensors=4, partitioned_tensors=n)) for n in (2, None)]
+    status, f = verdict.partitioning(dense, zero3)
+    assert (status, f.stage0_partitioned) == ("FAIL", 2)
+    assert verdict.partitioning(dense[1:], zero3)[0] == "PASS"  # stage 0 failed before counting
+
+
+def memory_figures(**figures):
+    return Memory(**{"states0": 4 * 2**30, "states3": 2**30, "peak0": 8 * 2**30, "peak3": 4 * 2**30,
+                     "predicted_states_ratio": 4.0, "states_ok": True, "world": 4, "on_gpu": True, **figures})
+
+
+def test_model_states_never_counted_are_told_as_a_run_that_stopped_early():
+    told = verdict.say_memory(Memory(uncounted=("stage 0",)))
+    assert told == "stage 0 stopped before the last step, where the model states are counted"
+
+
+def test_one_rank_is_told_that_there_is_nothing_to_shard_across():
+    assert "with 1 rank there is nothing to shard across" in verdict.say_memory(memory_figures(world=1))
+    assert "nothing to shard across" not in verdict.say_memory(memory_figures(world=4, on_gpu=False))
+
+
+def test_a_cpu_runs_peak_is_told_as_not_judged():
+    told = verdict.say_memory(memory_figures(on_gpu=False))
+    assert told.endswith("; a CPU process's peak is mostly its runtime, not judged)")
+
+
+def test_stage_3_holding_exactly_the_slack_over_its_predicted_share_passes_b():
+    """Stage 0 holds 400 bytes, stage 3 is predicted 1/4 of it: MEMORY_SLACK (1.25) allows 125 bytes."""
+    def rank(states, predicted):
+        return RankResult(world_size=4, model_state_breakdown=Census(params=states),
+                          predicted=Predicted(states=predicted), peaks=MemorySnapshot(peak_mem_bytes=1000))
+    assert verdict.measured_memory([rank(400, 400.0)], [rank(125, 100.0)]).states_ok
+    assert not verdict.measured_memory([rank(400, 400.0)], [rank(126, 100.0)]).states_ok
+
+
+def test_runs_from_before_the_shares_were_measured_have_no_promises_to_judge():
+    assert verdict.promises({"stage 0": [RankResult()], "stage 3": [RankResult()]}) is None
+
+
+def test_a_run_that_failed_fails_d_though_no_run_measured_its_shares():
+    assert verdict.promises({"stage 0": [RankResult()], "stage 3": [RankResult(error="boom")]})[0] == "FAIL"
+
+
+def test_runs_that_hold_their_promised_shares_pass_d():
+    held = {"params": 0.5, "grads": 0.5, "optimizer": 0.5}
+    runs = {"stage 3": [RankResult(partition_check_ok=True, held_fraction=held)] * 2}
+    assert verdict.promises(runs) == ("PASS", Promises(held={"stage 3": held}, broken=[]))
+
+
+def test_the_pair_criteria_are_named_as_a_range_where_their_letters_run_on():
+    assert verdict.pair_labels() == "(a) to (c)"
+
+
+def test_two_pair_criteria_or_letters_that_skip_are_listed(monkeypatch):
+    def named(*letters):
+        return [verdict.Criterion(f"({x}) a criterion", verdict.PAIR, None, None) for x in letters]
+    monkeypatch.setattr(verdict, "CRITERIA", named("a", "b"))
+    assert verdict.pair_labels() == "(a), (b)"
+    monkeypatch.setattr(verdict, "CRITERIA", named("a", "c", "d"))
+    assert verdict.pair_labels() == "(a), (c), (d)"
+
+
+def test_a_pair_without_its_stage_0_run_is_not_observable():
+    [check] = verdict.check_pair([], [RankResult()])
+    assert (check.status, check.detail.split(" run ")[0]) == ("NOT OBSERVABLE", "no plain stage-0")
+    [check] = verdict.check_pair([RankResult()], [])
+    assert (check.status, check.detail.split(" run ")[0]) == ("NOT OBSERVABLE", "no plain stage-3")
+
+
+def test_one_number_of_ranks_is_told_without_a_heading():
+    check = Check("(a) a criterion", "PASS", "fine")
+    line = f"{'PASS':>14}  (a) a criterion: fine"
+    assert verdict.verdict_lines({"2 rank(s)": [check], verdict.ALL_RUNS: [check]}) == [line, line]
+    several = {"1 rank(s)": [check], "2 rank(s)": [check], verdict.ALL_RUNS: [check]}
+    assert verdict.verdict_lines(several) == ["1 rank(s):", line, "2 rank(s):", line, "all runs:", line]
+
+
+def test_the_signal_run_sh_names_is_the_interruption(monkeypatch):
+    monkeypatch.setenv("RUN_SIGNAL", "15")
+    monkeypatch.delenv("RUN_COMMAND", raising=False)
+    assert verdict.interruption({}, []) == "SIGTERM"
+
+
+def test_a_rank_that_died_is_a_failure_though_its_peers_were_stopped_by_a_signal(monkeypatch):
+    monkeypatch.delenv("RUN_SIGNAL", raising=False)
+    monkeypatch.delenv("RUN_COMMAND", raising=False)
+    stopped = RankResult(rank=1, interrupted_by="SIGTERM")
+    assert verdict.interruption({"stage 3": [stopped]}, []) == "SIGTERM"
+    assert verdict.interruption({"stage 3": [stopped]}, ["stage 3 rank 0 died"]) is None
+    assert verdict.interruption({"stage 3": [RankResult(rank=0, oom=True), stopped]}, []) is None
+
+
+def test_the_ranks_lost_in_a_run_are_told_by_run():
+    assert verdict.say_lost({"stage 0": [1], "stage 3": [2, 3]}) == (
+        "; stage 0 rank(s) 1, stage 3 rank(s) 2 3 wrote no complete RESULT line (cut off, garbled, mistyped, missing, "
+        "twice or beyond the world): not judged")
