@@ -1,13 +1,20 @@
 """The edges of the pure modules that the mutation run (benchmarks/mutants.py) found no test holding: each test
 kills the surviving mutants named in benchmarks/logs/cpu/mutants/survivors.md. No launch."""
+import argparse
+import json
 import math
 
-from zero3bench.accounting import activations, predict
-from zero3bench.planning import inputs
+import pytest
+
+import plan
+from zero3bench import options
+from zero3bench.accounting import activations, predict, shapes
+from zero3bench.options import BadInput
+from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
+from zero3bench.planning import cluster, inputs
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
-from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
-from zero3bench.reporting.figures import Check, Memory, Partitioning, Promises
+from zero3bench.reporting.figures import Check, Loss, Memory, Partitioning, Promises
 from zero3bench.result import RankResult
 
 
@@ -67,8 +74,6 @@ def test_a_ranges_end_is_written_whole_below_1e9_and_as_a_float_else():
 
 
 def test_a_plan_counts_the_nodes_its_gpus_fill_rounding_up(capsys):
-    import json
-    import plan
     plan.main(["--gpus", "8", "9", "--gpus-per-node", "8", "--stages", "3", "--json"])
     assert [r["nodes"] for r in json.loads(capsys.readouterr().out)["rows"]] == [1, 2]
 
@@ -193,3 +198,65 @@ def test_the_ranks_lost_in_a_run_are_told_by_run():
     assert verdict.say_lost({"stage 0": [1], "stage 3": [2, 3]}) == (
         "; stage 0 rank(s) 1, stage 3 rank(s) 2 3 wrote no complete RESULT line (cut off, garbled, mistyped, missing, "
         "twice or beyond the world): not judged")
+
+
+# -----------------------------------------------------------------------------
+# the losses
+
+
+def test_the_design_loss_is_read_at_its_step_for_its_model_only():
+    """The acceptance check names the 1.3b model's loss at step 3 (bounds.DESIGN_LOSS)."""
+    three = {"stage 0": [10.0, 9.0, 7.5], "stage 3": [10.0, 9.0, 7.6]}
+    assert losses.design_losses("1.3b", three) == {"stage 0": 7.5, "stage 3": 7.6}
+    assert losses.design_losses("tiny", three) is None
+    assert losses.design_losses("1.3b", {"stage 0": [10.0, 9.0], "stage 3": [10.0, 9.0]}) is None
+
+
+def test_a_run_at_its_presets_rate_is_not_at_a_rate_of_its_own():
+    tiny = shapes.PRESETS["tiny"].lr
+
+    def at(model, lr):
+        return losses.at_own_rate(RankResult(run=options.run_from({"model": model, "lr": lr})))
+    assert at("tiny", 10 * tiny) and not at("tiny", tiny)
+    assert not at("a model of no preset", 10 * tiny)
+
+
+def test_one_stage_is_told_without_a_gap():
+    assert losses.say_loss(Loss(losses={"stage 3": [3.0, 2.0, 1.0]}, steps=3)) == "stage 3 3.000 -> 2.000 -> 1.000"
+    told = losses.say_loss(Loss(losses={"stage 0": [3.0], "stage 3": [3.0]}, gap=0.001, steps=3))
+    assert "; the stages agree to 0.10% at every step" in told
+
+
+# -----------------------------------------------------------------------------
+# plan.py's checks and defaults
+
+
+def test_too_many_gpus_says_where_the_search_ends_and_other_counts_what_plan_py_plans():
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\(where the search for the fewest that fit ends\)"):
+        plan.whole("gpus")("0")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\(the most layers plan.py plans\)"):
+        plan.whole("layers")("0")
+
+
+def settled(*argv):
+    args = plan.parse_args(list(argv))
+    return plan.settle(args, plan.resolve_model(args)).inputs
+
+
+def test_offloading_the_parameters_offloads_the_optimizer_too():
+    """plan.py's --help: --offload-param "implies --offload"."""
+    assert cluster.offloads_optimizer("3", settled("--offload-param"))
+    assert cluster.offloads_optimizer("3", settled("--offload"))
+    assert not cluster.offloads_optimizer("3", settled())
+
+
+def test_the_default_gpu_memory_is_an_h200s_as_torch_sees_it():
+    """150,109,880,320 bytes, as torch.cuda.get_device_properties gave it on the calibrating H200."""
+    assert settled().gpu_mem_gib == pytest.approx(150_109_880_320 / 2**30, abs=0.05)
+
+
+def test_a_summary_whose_runs_are_not_lists_of_records_is_refused(tmp_path):
+    for results in ({"stage 0": {"rank": 0}}, [{"rank": 0}]):
+        (tmp_path / "summary.json").write_text(json.dumps({"results": results}))
+        with pytest.raises(BadInput, match='"results" must hold a list of records per run'):
+            inputs.read_records(tmp_path)
