@@ -1,6 +1,7 @@
 """The edges of the pure modules that the mutation run (benchmarks/mutants.py) found no test holding: each test
 kills the surviving mutants named in benchmarks/logs/cpu/mutants/survivors.md. No launch."""
 import argparse
+import dataclasses
 import json
 import math
 
@@ -8,7 +9,7 @@ import pytest
 
 import plan
 from zero3bench import options
-from zero3bench.accounting import activations, predict, shapes
+from zero3bench.accounting import activations, memory, moments, predict, shapes
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
 from zero3bench.planning import cluster, inputs
@@ -260,3 +261,81 @@ def test_a_summary_whose_runs_are_not_lists_of_records_is_refused(tmp_path):
         (tmp_path / "summary.json").write_text(json.dumps({"results": results}))
         with pytest.raises(BadInput, match='"results" must hold a list of records per run'):
             inputs.read_records(tmp_path)
+
+
+# -----------------------------------------------------------------------------
+# the accounting's terms
+
+TINY = shapes.PRESETS["tiny"]  # 2 layers, 4 heads, d_model 128, model.py's block (GELU MLP 4x wide, LayerNorms)
+TINY_PER_TOKEN = 2 * 16 * 128 + 2 * 2 * 4  # bf16: 16 values of d_model and two LayerNorms' fp32 mean and rstd
+
+
+def test_each_group_of_model_states_is_held_as_a_share_of_what_one_rank_would_hold_alone():
+    states = {"params": 1.0, "grads": 2.0, "master": 2.0, "moments": 4.0}
+    whole = {"params": 4.0, "grads": 4.0, "master": 8.0, "moments": 16.0}
+    assert predict.shares(states, whole) == {"params": 0.25, "grads": 0.5, "optimizer": 0.25}
+
+
+def test_a_group_is_held_as_promised_within_its_tolerance_of_the_promise():
+    promised = {"params": 0.5, "grads": 0.5, "optimizer": 0.5}
+    assert predict.holds_as_promised({**promised, "params": 0.54}, promised, 3, 0.0, 0.1)  # slack 0.1 x 0.5
+    assert not predict.holds_as_promised({**promised, "params": 0.56}, promised, 3, 0.0, 0.1)
+
+
+def test_stages_1_and_2_may_hold_the_gradients_of_tensors_that_straddle_their_partition_besides():
+    promised = {"params": 1.0, "grads": 0.5, "optimizer": 0.5}
+    assert predict.holds_as_promised({**promised, "grads": 0.6}, promised, 2, 0.1, 0.01)  # 0.5 + 0.005 + 0.1
+    assert not predict.holds_as_promised({**promised, "grads": 0.6}, promised, 3, 0.1, 0.01)
+
+
+def test_stage_2s_reduction_copies_the_partitions_gradients_besides_its_buckets():
+    zero = {"reduce_bucket_size": 100, "overlap_comm": False}
+    assert predict.reduction_bytes(2, "deepspeed", "bf16", 10_000, 1000, zero) == 2 * 1000 + 2 * 100
+    assert predict.reduction_bytes(2, "deepspeed", "bf16", 10_000, 1000, {**zero, "overlap_comm": True}) == 2400
+
+
+def test_stage_0s_reduction_bucket_passes_500m_elements_by_at_most_a_blocks_qkv_weight():
+    assert TINY.qkv_params == 3 * 128**2  # model.py's qkv weight
+    bucket = predict.reduction_bytes(0, "deepspeed", "bf16", 10**9, 10**9, {}, TINY.qkv_params)
+    assert bucket == 2 * (500_000_000 + 3 * 128**2)
+
+
+def test_a_block_keeps_16_values_of_d_model_a_token_and_flash_attentions_logsumexp():
+    tokens = 256
+    assert activations.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * (TINY_PER_TOKEN + 4 * 4)
+
+
+def test_a_block_without_flash_attention_keeps_its_softmax_too():
+    tokens, seq = 512, 256
+    softmax = 2 * 4 * seq * tokens  # bf16, one value per score of each head
+    assert activations.block_activation_bytes(TINY, 2, tokens, seq, False) == tokens * TINY_PER_TOKEN + softmax
+
+
+def test_checkpointed_blocks_keep_each_blocks_input_and_the_last_block_recomputed():
+    tokens = 256  # micro batch 1
+    block = tokens * (TINY_PER_TOKEN + 4 * 4)  # flash
+    inputs_ = 2 * 2 * tokens * 128  # 2 layers' inputs, bf16
+    assert activations.blocks_backward_bytes(TINY, "bf16", 1, 256, True, True) == inputs_ + block
+    assert activations.blocks_backward_bytes(TINY, "bf16", 1, 256, False, True) == 2 * block
+
+
+def test_stage_3s_first_reduction_in_backward_counts_with_the_weights_gathered():
+    terms = dict.fromkeys((f.name for f in dataclasses.fields(memory.MemoryTerms)), 0)
+    peak = memory.MemoryTerms(**{**terms, "breakdown": {"grads": 0}, "states": 100, "gathered": 10, "scatter": 5}).peak
+    assert peak == 100 + 10 + 5
+
+
+def test_stage_3_reduces_a_bucket_in_backward_only_across_ranks_of_deepspeed():
+    zero, blocks = {"reduce_bucket_size": 100}, 500.0
+    # bf16: the bucket's flat copy and this rank's half of it, and the blocks' activations not yet freed
+    assert moments.scatter_bytes(3, "deepspeed", 2, 2, zero, 1000, blocks, 0) == 2 * 100 * 1.5 + 500 * 0.9
+    assert moments.scatter_bytes(3, "deepspeed", 2, 1, zero, 1000, blocks, 0) == 0
+    assert moments.scatter_bytes(3, "fsdp2", 2, 2, zero, 1000, blocks, 0) == 0
+    assert moments.scatter_bytes(2, "deepspeed", 2, 2, zero, 1000, blocks, 0) == 0
+
+
+def test_a_prefetch_of_more_than_a_block_gathers_up_to_the_whole_model_ahead():
+    """The real prefetched_twelfths gives more than 12 twelfths as inf only; any count above 12 means the same."""
+    layers, block, root, params, live = 10, 100.0, 50.0, 1050.0, 10_000.0
+    assert moments.gathered_ahead(layers, block, root, params, live, 13.0) == params
+    assert moments.gathered_ahead(layers, block, root, params, live, math.inf) == params
