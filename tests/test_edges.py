@@ -339,3 +339,16 @@ def test_a_prefetch_of_more_than_a_block_gathers_up_to_the_whole_model_ahead():
     layers, block, root, params, live = 10, 100.0, 50.0, 1050.0, 10_000.0
     assert moments.gathered_ahead(layers, block, root, params, live, 13.0) == params
     assert moments.gathered_ahead(layers, block, root, params, live, math.inf) == params
+
+
+def test_params_that_leave_nothing_for_the_blocks_beside_the_embeddings_are_refused():
+    root = 256 * 128 + 256 * 128 + 2 * 128  # tiny's token and position embeddings and final LayerNorm
+    with pytest.raises(BadInput, match="leaves nothing for the blocks"):
+        plan.resolve_model(plan.parse_args(["--preset", "tiny", "--params", str(root)]))
+    assert plan.resolve_model(plan.parse_args(["--preset", "tiny", "--params", str(root + 1)])).params == root + 1
+
+
+def test_a_plan_takes_up_to_2_to_the_20_gpus():
+    assert plan.whole("gpus")(str(2**20)) == 2**20
+    with pytest.raises(argparse.ArgumentTypeError, match="from 1 to 1,048,576"):
+        plan.whole("gpus")(str(2**20 + 1))
