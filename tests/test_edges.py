@@ -1,11 +1,21 @@
 """The edges of the pure modules that the mutation run (benchmarks/mutants.py) found no test holding: each test
 kills the surviving mutants named in benchmarks/logs/cpu/mutants/survivors.md. No launch."""
+import argparse
+import dataclasses
+import json
 import math
 
-from zero3bench.accounting import activations, predict
-from zero3bench.planning import inputs
+import pytest
+
+import plan
+from zero3bench import options
+from zero3bench.accounting import activations, memory, moments, predict, shapes
+from zero3bench.options import BadInput
+from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
+from zero3bench.planning import cluster, inputs
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
+from zero3bench.reporting.figures import Check, Loss, Memory, Partitioning, Promises
 from zero3bench.result import RankResult
 
 
@@ -65,7 +75,280 @@ def test_a_ranges_end_is_written_whole_below_1e9_and_as_a_float_else():
 
 
 def test_a_plan_counts_the_nodes_its_gpus_fill_rounding_up(capsys):
-    import json
-    import plan
     plan.main(["--gpus", "8", "9", "--gpus-per-node", "8", "--stages", "3", "--json"])
     assert [r["nodes"] for r in json.loads(capsys.readouterr().out)["rows"]] == [1, 2]
+
+
+# -----------------------------------------------------------------------------
+# the verdict's words and branches
+
+
+def test_a_stage_3_that_counted_nothing_is_told_so():
+    assert verdict.say_partitioning(Partitioning(counted=False)) == "stage 3 reported no partitioning"
+
+
+def counted(same_weights):
+    return Partitioning(counted=True, partitioned=4, tensors=4, shards_ok=True, stage0_partitioned=0,
+                        same_weights=same_weights, world=2)
+
+
+def test_weights_without_both_checksums_are_told_as_not_compared():
+    told = verdict.say_partitioning(counted(None))
+    assert told.endswith("; a run failed before its checksum, so the weights were not compared")
+
+
+def test_shards_that_hold_stage_0s_weights_are_told_so():
+    assert "the shards hold exactly stage 0's initial weights" in verdict.say_partitioning(counted(True))
+
+
+def test_a_stage_0_that_partitions_a_tensor_fails_a():
+    zero3 = [RankResult(world_size=2, shards=Shards(param_tensors=4, partitioned_tensors=4, shard_check_ok=True))]
+    dense = [RankResult(world_size=2, shards=Shards(param_tensors=4, partitioned_tensors=n)) for n in (2, None)]
+    status, f = verdict.partitioning(dense, zero3)
+    assert (status, f.stage0_partitioned) == ("FAIL", 2)
+    assert verdict.partitioning(dense[1:], zero3)[0] == "PASS"  # stage 0 failed before counting
+
+
+def memory_figures(**figures):
+    return Memory(**{"states0": 4 * 2**30, "states3": 2**30, "peak0": 8 * 2**30, "peak3": 4 * 2**30,
+                     "predicted_states_ratio": 4.0, "states_ok": True, "world": 4, "on_gpu": True, **figures})
+
+
+def test_model_states_never_counted_are_told_as_a_run_that_stopped_early():
+    told = verdict.say_memory(Memory(uncounted=("stage 0",)))
+    assert told == "stage 0 stopped before the last step, where the model states are counted"
+
+
+def test_one_rank_is_told_that_there_is_nothing_to_shard_across():
+    assert "with 1 rank there is nothing to shard across" in verdict.say_memory(memory_figures(world=1))
+    assert "nothing to shard across" not in verdict.say_memory(memory_figures(world=4, on_gpu=False))
+
+
+def test_a_cpu_runs_peak_is_told_as_not_judged():
+    told = verdict.say_memory(memory_figures(on_gpu=False))
+    assert told.endswith("; a CPU process's peak is mostly its runtime, not judged)")
+
+
+def test_stage_3_holding_exactly_the_slack_over_its_predicted_share_passes_b():
+    """Stage 0 holds 400 bytes, stage 3 is predicted 1/4 of it: MEMORY_SLACK (1.25) allows 125 bytes."""
+    def rank(states, predicted):
+        return RankResult(world_size=4, model_state_breakdown=Census(params=states),
+                          predicted=Predicted(states=predicted), peaks=MemorySnapshot(peak_mem_bytes=1000))
+    assert verdict.measured_memory([rank(400, 400.0)], [rank(125, 100.0)]).states_ok
+    assert not verdict.measured_memory([rank(400, 400.0)], [rank(126, 100.0)]).states_ok
+
+
+def test_runs_from_before_the_shares_were_measured_have_no_promises_to_judge():
+    assert verdict.promises({"stage 0": [RankResult()], "stage 3": [RankResult()]}) is None
+
+
+def test_a_run_that_failed_fails_d_though_no_run_measured_its_shares():
+    assert verdict.promises({"stage 0": [RankResult()], "stage 3": [RankResult(error="boom")]})[0] == "FAIL"
+
+
+def test_runs_that_hold_their_promised_shares_pass_d():
+    held = {"params": 0.5, "grads": 0.5, "optimizer": 0.5}
+    runs = {"stage 3": [RankResult(partition_check_ok=True, held_fraction=held)] * 2}
+    assert verdict.promises(runs) == ("PASS", Promises(held={"stage 3": held}, broken=[]))
+
+
+def test_the_pair_criteria_are_named_as_a_range_where_their_letters_run_on():
+    assert verdict.pair_labels() == "(a) to (c)"
+
+
+def test_two_pair_criteria_or_letters_that_skip_are_listed(monkeypatch):
+    def named(*letters):
+        return [verdict.Criterion(f"({x}) a criterion", verdict.PAIR, None, None) for x in letters]
+    monkeypatch.setattr(verdict, "CRITERIA", named("a", "b"))
+    assert verdict.pair_labels() == "(a), (b)"
+    monkeypatch.setattr(verdict, "CRITERIA", named("a", "c", "d"))
+    assert verdict.pair_labels() == "(a), (c), (d)"
+
+
+def test_a_pair_without_its_stage_0_run_is_not_observable():
+    [check] = verdict.check_pair([], [RankResult()])
+    assert (check.status, check.detail.split(" run ")[0]) == ("NOT OBSERVABLE", "no plain stage-0")
+    [check] = verdict.check_pair([RankResult()], [])
+    assert (check.status, check.detail.split(" run ")[0]) == ("NOT OBSERVABLE", "no plain stage-3")
+
+
+def test_one_number_of_ranks_is_told_without_a_heading():
+    check = Check("(a) a criterion", "PASS", "fine")
+    line = f"{'PASS':>14}  (a) a criterion: fine"
+    assert verdict.verdict_lines({"2 rank(s)": [check], verdict.ALL_RUNS: [check]}) == [line, line]
+    several = {"1 rank(s)": [check], "2 rank(s)": [check], verdict.ALL_RUNS: [check]}
+    assert verdict.verdict_lines(several) == ["1 rank(s):", line, "2 rank(s):", line, "all runs:", line]
+
+
+def test_the_signal_run_sh_names_is_the_interruption(monkeypatch):
+    monkeypatch.setenv("RUN_SIGNAL", "15")
+    monkeypatch.delenv("RUN_COMMAND", raising=False)
+    assert verdict.interruption({}, []) == "SIGTERM"
+
+
+def test_a_rank_that_died_is_a_failure_though_its_peers_were_stopped_by_a_signal(monkeypatch):
+    monkeypatch.delenv("RUN_SIGNAL", raising=False)
+    monkeypatch.delenv("RUN_COMMAND", raising=False)
+    stopped = RankResult(rank=1, interrupted_by="SIGTERM")
+    assert verdict.interruption({"stage 3": [stopped]}, []) == "SIGTERM"
+    assert verdict.interruption({"stage 3": [stopped]}, ["stage 3 rank 0 died"]) is None
+    assert verdict.interruption({"stage 3": [RankResult(rank=0, oom=True), stopped]}, []) is None
+
+
+def test_the_ranks_lost_in_a_run_are_told_by_run():
+    assert verdict.say_lost({"stage 0": [1], "stage 3": [2, 3]}) == (
+        "; stage 0 rank(s) 1, stage 3 rank(s) 2 3 wrote no complete RESULT line (cut off, garbled, mistyped, missing, "
+        "twice or beyond the world): not judged")
+
+
+# -----------------------------------------------------------------------------
+# the losses
+
+
+def test_the_design_loss_is_read_at_its_step_for_its_model_only():
+    """The acceptance check names the 1.3b model's loss at step 3 (bounds.DESIGN_LOSS)."""
+    three = {"stage 0": [10.0, 9.0, 7.5], "stage 3": [10.0, 9.0, 7.6]}
+    assert losses.design_losses("1.3b", three) == {"stage 0": 7.5, "stage 3": 7.6}
+    assert losses.design_losses("tiny", three) is None
+    assert losses.design_losses("1.3b", {"stage 0": [10.0, 9.0], "stage 3": [10.0, 9.0]}) is None
+
+
+def test_a_run_at_its_presets_rate_is_not_at_a_rate_of_its_own():
+    tiny = shapes.PRESETS["tiny"].lr
+
+    def at(model, lr):
+        return losses.at_own_rate(RankResult(run=options.run_from({"model": model, "lr": lr})))
+    assert at("tiny", 10 * tiny) and not at("tiny", tiny)
+    assert not at("a model of no preset", 10 * tiny)
+
+
+def test_one_stage_is_told_without_a_gap():
+    assert losses.say_loss(Loss(losses={"stage 3": [3.0, 2.0, 1.0]}, steps=3)) == "stage 3 3.000 -> 2.000 -> 1.000"
+    told = losses.say_loss(Loss(losses={"stage 0": [3.0], "stage 3": [3.0]}, gap=0.001, steps=3))
+    assert "; the stages agree to 0.10% at every step" in told
+
+
+# -----------------------------------------------------------------------------
+# plan.py's checks and defaults
+
+
+def test_too_many_gpus_says_where_the_search_ends_and_other_counts_what_plan_py_plans():
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\(where the search for the fewest that fit ends\)"):
+        plan.whole("gpus")("0")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"\(the most layers plan.py plans\)"):
+        plan.whole("layers")("0")
+
+
+def settled(*argv):
+    args = plan.parse_args(list(argv))
+    return plan.settle(args, plan.resolve_model(args)).inputs
+
+
+def test_offloading_the_parameters_offloads_the_optimizer_too():
+    """plan.py's --help: --offload-param "implies --offload"."""
+    assert cluster.offloads_optimizer("3", settled("--offload-param"))
+    assert cluster.offloads_optimizer("3", settled("--offload"))
+    assert not cluster.offloads_optimizer("3", settled())
+
+
+def test_the_default_gpu_memory_is_an_h200s_as_torch_sees_it():
+    """150,109,880,320 bytes, as torch.cuda.get_device_properties gave it on the calibrating H200."""
+    assert settled().gpu_mem_gib == pytest.approx(150_109_880_320 / 2**30, abs=0.05)
+
+
+def test_a_summary_whose_runs_are_not_lists_of_records_is_refused(tmp_path):
+    for results in ({"stage 0": {"rank": 0}}, [{"rank": 0}]):
+        (tmp_path / "summary.json").write_text(json.dumps({"results": results}))
+        with pytest.raises(BadInput, match='"results" must hold a list of records per run'):
+            inputs.read_records(tmp_path)
+
+
+# -----------------------------------------------------------------------------
+# the accounting's terms
+
+TINY = shapes.PRESETS["tiny"]  # 2 layers, 4 heads, d_model 128, model.py's block (GELU MLP 4x wide, LayerNorms)
+TINY_PER_TOKEN = 2 * 16 * 128 + 2 * 2 * 4  # bf16: 16 values of d_model and two LayerNorms' fp32 mean and rstd
+
+
+def test_each_group_of_model_states_is_held_as_a_share_of_what_one_rank_would_hold_alone():
+    states = {"params": 1.0, "grads": 2.0, "master": 2.0, "moments": 4.0}
+    whole = {"params": 4.0, "grads": 4.0, "master": 8.0, "moments": 16.0}
+    assert predict.shares(states, whole) == {"params": 0.25, "grads": 0.5, "optimizer": 0.25}
+
+
+def test_a_group_is_held_as_promised_within_its_tolerance_of_the_promise():
+    promised = {"params": 0.5, "grads": 0.5, "optimizer": 0.5}
+    assert predict.holds_as_promised({**promised, "params": 0.54}, promised, 3, 0.0, 0.1)  # slack 0.1 x 0.5
+    assert not predict.holds_as_promised({**promised, "params": 0.56}, promised, 3, 0.0, 0.1)
+
+
+def test_stages_1_and_2_may_hold_the_gradients_of_tensors_that_straddle_their_partition_besides():
+    promised = {"params": 1.0, "grads": 0.5, "optimizer": 0.5}
+    assert predict.holds_as_promised({**promised, "grads": 0.6}, promised, 2, 0.1, 0.01)  # 0.5 + 0.005 + 0.1
+    assert not predict.holds_as_promised({**promised, "grads": 0.6}, promised, 3, 0.1, 0.01)
+
+
+def test_stage_2s_reduction_copies_the_partitions_gradients_besides_its_buckets():
+    zero = {"reduce_bucket_size": 100, "overlap_comm": False}
+    assert predict.reduction_bytes(2, "deepspeed", "bf16", 10_000, 1000, zero) == 2 * 1000 + 2 * 100
+    assert predict.reduction_bytes(2, "deepspeed", "bf16", 10_000, 1000, {**zero, "overlap_comm": True}) == 2400
+
+
+def test_stage_0s_reduction_bucket_passes_500m_elements_by_at_most_a_blocks_qkv_weight():
+    assert TINY.qkv_params == 3 * 128**2  # model.py's qkv weight
+    bucket = predict.reduction_bytes(0, "deepspeed", "bf16", 10**9, 10**9, {}, TINY.qkv_params)
+    assert bucket == 2 * (500_000_000 + 3 * 128**2)
+
+
+def test_a_block_keeps_16_values_of_d_model_a_token_and_flash_attentions_logsumexp():
+    tokens = 256
+    assert activations.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * (TINY_PER_TOKEN + 4 * 4)
+
+
+def test_a_block_without_flash_attention_keeps_its_softmax_too():
+    tokens, seq = 512, 256
+    softmax = 2 * 4 * seq * tokens  # bf16, one value per score of each head
+    assert activations.block_activation_bytes(TINY, 2, tokens, seq, False) == tokens * TINY_PER_TOKEN + softmax
+
+
+def test_checkpointed_blocks_keep_each_blocks_input_and_the_last_block_recomputed():
+    tokens = 256  # micro batch 1
+    block = tokens * (TINY_PER_TOKEN + 4 * 4)  # flash
+    inputs_ = 2 * 2 * tokens * 128  # 2 layers' inputs, bf16
+    assert activations.blocks_backward_bytes(TINY, "bf16", 1, 256, True, True) == inputs_ + block
+    assert activations.blocks_backward_bytes(TINY, "bf16", 1, 256, False, True) == 2 * block
+
+
+def test_stage_3s_first_reduction_in_backward_counts_with_the_weights_gathered():
+    terms = dict.fromkeys((f.name for f in dataclasses.fields(memory.MemoryTerms)), 0)
+    peak = memory.MemoryTerms(**{**terms, "breakdown": {"grads": 0}, "states": 100, "gathered": 10, "scatter": 5}).peak
+    assert peak == 100 + 10 + 5
+
+
+def test_stage_3_reduces_a_bucket_in_backward_only_across_ranks_of_deepspeed():
+    zero, blocks = {"reduce_bucket_size": 100}, 500.0
+    # bf16: the bucket's flat copy and this rank's half of it, and the blocks' activations not yet freed
+    assert moments.scatter_bytes(3, "deepspeed", 2, 2, zero, 1000, blocks, 0) == 2 * 100 * 1.5 + 500 * 0.9
+    assert moments.scatter_bytes(3, "deepspeed", 2, 1, zero, 1000, blocks, 0) == 0
+    assert moments.scatter_bytes(3, "fsdp2", 2, 2, zero, 1000, blocks, 0) == 0
+    assert moments.scatter_bytes(2, "deepspeed", 2, 2, zero, 1000, blocks, 0) == 0
+
+
+def test_a_prefetch_of_more_than_a_block_gathers_up_to_the_whole_model_ahead():
+    """The real prefetched_twelfths gives more than 12 twelfths as inf only; any count above 12 means the same."""
+    layers, block, root, params, live = 10, 100.0, 50.0, 1050.0, 10_000.0
+    assert moments.gathered_ahead(layers, block, root, params, live, 13.0) == params
+    assert moments.gathered_ahead(layers, block, root, params, live, math.inf) == params
+
+
+def test_params_that_leave_nothing_for_the_blocks_beside_the_embeddings_are_refused():
+    root = 256 * 128 + 256 * 128 + 2 * 128  # tiny's token and position embeddings and final LayerNorm
+    with pytest.raises(BadInput, match="leaves nothing for the blocks"):
+        plan.resolve_model(plan.parse_args(["--preset", "tiny", "--params", str(root)]))
+    assert plan.resolve_model(plan.parse_args(["--preset", "tiny", "--params", str(root + 1)])).params == root + 1
+
+
+def test_a_plan_takes_up_to_2_to_the_20_gpus():
+    assert plan.whole("gpus")(str(2**20)) == 2**20
+    with pytest.raises(argparse.ArgumentTypeError, match="from 1 to 1,048,576"):
+        plan.whole("gpus")(str(2**20 + 1))
