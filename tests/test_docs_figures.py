@@ -112,6 +112,20 @@ def compile_minutes() -> tuple:
     return f"{min(spent) / 60:.1f}", f"{max(spent) / 60:.1f}"
 
 
+RECIPE = "docs/training-recipe.md"
+RECIPE_FP16 = LOGS + "h200/28-suite-matrix/2-batch/results/original_design/20261202-050444-4Lre"
+RECIPE_2GPUS = LOGS + "h200x2/8-recipe-2gpus/results"
+STAGES0123 = LOGS + "h200x2/stages0123-2gpus"
+PEAK_PAIR = r"^peak memory +([\d.]+) GiB +([\d.]+) GiB[\s\S]*^tokens/s +([\d,]+) +([\d,]+)"
+
+
+def checkpoint_cost() -> tuple:
+    """What checkpointing cost each stage's tokens/s on 2 H200s at micro batch 2, from the two runs' reports."""
+    on, off = (re.search(PEAK_PAIR, (ROOT / RECIPE_2GPUS / run / "report.txt").read_text(), re.M).groups()[2:]
+               for run in ("20261130-133806-hn0t", "20261130-133930-37Ih"))
+    return tuple(f"{1 - float(a.replace(',', '')) / float(b.replace(',', '')):.0%}" for a, b in zip(on[::-1], off[::-1]))
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -123,6 +137,33 @@ DOCS = [
            "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
     Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
            read=compile_minutes),
+    # docs/training-recipe.md
+    Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
+           r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
+           lambda a, b: (f"{float(a) / float(b):.1f}x", f"{float(a):.1f}", f"{float(b):.1f}"), page=RECIPE),
+    Figure("rose alike at both stages ({}, {}, {} on 2 rehearsed ranks of an H200", RECIPE_FP16 + "/report.txt",
+           r"stage 0 ([\d.]+) -> ([\d.]+) -> ([\d.]+);", page=RECIPE),
+    Figure("it trailed stage 3 by {} at step 3", LOGS + "h200/26-off-default/2-probe/fp16_p12_r2.txt",
+           r"stage 0 [\d.]+ -> [\d.]+ -> ([\d.]+); stage 3 [\d.]+ -> [\d.]+ -> ([\d.]+);",
+           lambda s0, s3: (f"{float(s0) / float(s3) - 1:.0%}",), page=RECIPE),
+    Figure("the first update at stage 0 moved the weight matrices {} as far as at stage 1", LOGS + "cpu/priming-step.txt",
+           r"^stage 0 keeping the priming step: .* ([\d.]+) of lr$", page=RECIPE),
+    Figure("differed by {} at step 2 ({} against {};", STAGES0123 + "/report.txt",
+           r"stage 0 [\d.]+ -> ([\d.]+) -> [\d.]+; stage 3 [\d.]+ -> ([\d.]+) ->",
+           lambda s0, s3: (f"{1 - float(s0) / float(s3):.0%}", s0, s3), page=RECIPE),
+    Figure("with the fix they agree to {} at every step", LOGS + "h200x2/10-final/sweep/report.txt", "", page=RECIPE,
+           read=lambda: (max(re.findall(r"the stages agree to ([\d.]+%) at every step",
+                                        (ROOT / LOGS / "h200x2/10-final/sweep/report.txt").read_text()),
+                       key=lambda v: float(v[:-1])),)),
+    Figure("At 1e-5 the 1.3b loss rose at step 2 ({} → {})", STAGES0123 + "/report.txt",
+           r"stage 3 ([\d.]+) -> ([\d.]+) ->", page=RECIPE),
+    Figure("made bf16 rise at step 3 on 2 GPUs ({} → {})", RECIPE_2GPUS + "/20261130-133806-hn0t/report.txt",
+           r"stage 0 [\d.]+ -> ([\d.]+) -> ([\d.]+);", page=RECIPE),
+    Figure("| checkpointing on (default) | {}, {} GiB | {}, {} GiB |", RECIPE_2GPUS + "/20261130-133806-hn0t/report.txt",
+           PEAK_PAIR, lambda p0, p3, t0, t3: (t0, p0, t3, p3), page=RECIPE),
+    Figure("| `--no-checkpoint` | {}, {} GiB | {}, {} GiB |", RECIPE_2GPUS + "/20261130-133930-37Ih/report.txt",
+           PEAK_PAIR, lambda p0, p3, t0, t3: (t0, p0, t3, p3), page=RECIPE),
+    Figure("It cost stage 3 {} of its tokens/s and stage 0 {}.", RECIPE_2GPUS, "", page=RECIPE, read=checkpoint_cost),
 ]
 
 HF_RUNS = sorted(p.parent for folder in ("39-hf", "41-hf-rest")
