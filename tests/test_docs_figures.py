@@ -126,6 +126,72 @@ def checkpoint_cost() -> tuple:
     return tuple(f"{1 - float(a.replace(',', '')) / float(b.replace(',', '')):.0%}" for a, b in zip(on[::-1], off[::-1]))
 
 
+FSDP2_PAGE = "docs/zero3-vs-fsdp2.md"
+F2 = LOGS + "h200x2/13-fsdp2/"
+EAGER_MB2, EAGER_MB16 = F2 + "15-final5/r/20261130-212629-JBTr", F2 + "15-final5/r/20261130-212805-1qpr"
+DC_MB2, DC_MB2_PEER = F2 + "11-deepcompile-mb2/r/20261130-183616-WICi", F2 + "11-deepcompile-mb2/r/20261130-184146-VV5X"
+DC_MB16 = F2 + "16-deepcompile-peer/r/20261130-213208-HlxM"
+REPEAT_MB16, REPEAT_MB2 = F2 + "18-repeat-mb16/r/20261130-232917-p3xa", F2 + "19-repeat-mb2/r/20261130-235155-yLZq"
+DC_SUB1E9 = F2 + "20-deepcompile-sub1e9/r/20261201-000023-iXSl"
+
+
+def cell(folder: str, row: str, run: str) -> str:
+    """One figure of a report's table: its row's value in the run's column, less its unit."""
+    lines = (ROOT / folder / "report.txt").read_text().splitlines()
+    runs = lines[0].split()
+    [line] = [line for line in lines if re.match(re.escape(row) + r" {2,}", line)]
+    return re.split(r" {2,}", line.strip())[1:][runs.index(run)].removesuffix(" GiB")
+
+
+def against(folder: str, run: str) -> str:
+    """The report's line that sets a run against FSDP2: its share of FSDP2's tokens/s."""
+    text = (ROOT / folder / "report.txt").read_text()
+    return re.search(rf"^{run} against fsdp2: ([\d.]+x) its tokens/s", text, re.M).group(1)
+
+
+def timed_from_step_7(folder: str) -> str:
+    """DeepCompile's tokens/s as the report times it today: the median over steps 7..N, less the profiled last."""
+    log = (ROOT / folder / "stage3_deepcompile.log").read_text()
+    rates = [int(r.replace(",", "")) for n, last, r in re.findall(r"step (\d+)/(\d+) .* tok/s ([\d,]+)", log)
+             if 7 <= int(n) < int(last)]
+    assert len(rates) % 2 == 1
+    return f"{sorted(rates)[len(rates) // 2]:,}"
+
+
+def deepcompile_row() -> tuple:
+    mb2 = timed_from_step_7(DC_MB2)
+    return (mb2, ratio(mb2, cell(DC_MB2_PEER, "tokens/s", "fsdp2")), cell(DC_MB2, "peak memory", "stage3_deepcompile"),
+            cell(DC_MB16, "tokens/s", "stage3_deepcompile"), against(DC_MB16, "stage3_deepcompile"),
+            cell(DC_MB16, "peak memory", "stage3_deepcompile"))
+
+
+def same_model_states() -> tuple:
+    states = {cell(EAGER_MB2, "model states", run) for run in ("fsdp2", "stage3")}
+    assert len(states) == 1, states
+    return tuple(states)
+
+
+def on_par() -> tuple:
+    calls = sorted((against(folder, run) for folder, run in ((DC_MB16, "stage3_deepcompile"),
+                    (REPEAT_MB16, "stage3_deepcompile"), (DC_SUB1E9, "stage3_deepcompile_sub1e9"))), key=lambda r: float(r[:-1]))
+    return calls[0], calls[-1]
+
+
+def agree_with_fsdp2() -> tuple:
+    found = [re.search(r"against fsdp2: .* the losses agree to ([\d.]+%)", (ROOT / f / "report.txt").read_text()).group(1)
+             for f in (EAGER_MB2, EAGER_MB16, DC_MB2_PEER, DC_MB16, REPEAT_MB16, REPEAT_MB2)]
+    return max(found, key=lambda v: float(v[:-1])),
+
+
+
+def compiled_against_eager() -> tuple:
+    """engine.compile's loss at step 3 on 2 H200s, and eager stage 3's in the same sweep."""
+    def at_step_3(log):
+        loss = re.search(r"step 3/\d+  loss ([\d.]+)", (ROOT / F2 / "2-levers/r" / log).read_text()).group(1)
+        return f"{float(loss):.2f}"
+    return at_step_3("20261130-152833-lZ0F/stage3.log"), at_step_3("20261130-153023-7VRY/stage3_subgroup1e8.log")
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -137,6 +203,33 @@ DOCS = [
            "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
     Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
            read=compile_minutes),
+    # docs/zero3-vs-fsdp2.md
+    Figure("| FSDP2 | {} tokens/s, peak {} GiB per rank | {} tokens/s, {} GiB |", EAGER_MB2, "", page=FSDP2_PAGE,
+           read=lambda: (cell(EAGER_MB2, "tokens/s", "fsdp2"), cell(EAGER_MB2, "peak memory", "fsdp2"),
+                         cell(EAGER_MB16, "tokens/s", "fsdp2"), cell(EAGER_MB16, "peak memory", "fsdp2"))),
+    Figure("| stage 3, `ds_config_stage3.json` | {} ({} FSDP2's), {} GiB | {} ({}), {} GiB |", EAGER_MB2, "",
+           page=FSDP2_PAGE, read=lambda: tuple(f(folder) for folder in (EAGER_MB2, EAGER_MB16) for f in (
+               lambda d: cell(d, "tokens/s", "stage3"), lambda d: against(d, "stage 3"),
+               lambda d: cell(d, "peak memory", "stage3")))),
+    Figure("| stage 3 with DeepCompile | {} ({}), {} GiB | {} ({}), {} GiB |", DC_MB2, "", page=FSDP2_PAGE,
+           read=deepcompile_row),
+    Figure("the same call: {} and {} tokens/s there", DC_MB16, "", page=FSDP2_PAGE,
+           read=lambda: (cell(DC_MB2_PEER, "tokens/s", "fsdp2"), cell(DC_MB16, "tokens/s", "fsdp2"))),
+    Figure("Every run's losses agree with FSDP2's in the same call to {} at every step", EAGER_MB2, "", page=FSDP2_PAGE,
+           read=agree_with_fsdp2),
+    Figure("FSDP2 hold the same {} GiB of model states per rank", EAGER_MB2, "", page=FSDP2_PAGE, read=same_model_states),
+    Figure("ranged from {} to {} tokens/s between machines", F2 + "1-peer/mb2.txt", "", page=FSDP2_PAGE,
+           read=lambda: (re.search(r"^tokens/s +([\d,]+)", (ROOT / F2 / "1-peer/mb2.txt").read_text(), re.M).group(1),
+                         cell(DC_MB2_PEER, "tokens/s", "fsdp2"))),
+    Figure("gave {} at micro batch 16 ({} against {} tokens/s) and {} at 2 ({} against {},", REPEAT_MB16, "",
+           page=FSDP2_PAGE, read=lambda: tuple(f(folder) for folder in (REPEAT_MB16, REPEAT_MB2) for f in (
+               lambda d: against(d, "stage3_deepcompile"), lambda d: cell(d, "tokens/s", "stage3_deepcompile"),
+               lambda d: cell(d, "tokens/s", "fsdp2")))),
+    Figure("At 16 it is on par ({} to {} in three calls,", DC_SUB1E9, "", page=FSDP2_PAGE, read=on_par),
+    Figure("it peaks higher than eager stage 3 ({} against {} GiB)", DC_MB2, "", page=FSDP2_PAGE,
+           read=lambda: (cell(DC_MB2, "peak memory", "stage3_deepcompile"), cell(EAGER_MB2, "peak memory", "stage3"))),
+    Figure("at step 3 its loss was {} where eager stage 3's was {} (", F2 + "2-levers", "", page=FSDP2_PAGE,
+           read=compiled_against_eager),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
