@@ -192,6 +192,42 @@ def compiled_against_eager() -> tuple:
     return at_step_3("20261130-152833-lZ0F/stage3.log"), at_step_3("20261130-153023-7VRY/stage3_subgroup1e8.log")
 
 
+RUNNING = "docs/running.md"
+OFFLOAD_FIRST, OFFLOAD_FINAL = LOGS + "h200/5-stages-offload-cap/offload-1rank", LOGS + "h200/6-final-1gpu/stages-0-3-offload"
+
+
+def offload_on_one_h200() -> tuple:
+    """Offload's and Infinity's GPU peaks on one H200, their step times over stage 3's in the first and the final
+    run, and the host's peak resident set that the final run's per-step records hold."""
+    def times(folder, run):
+        return float(cell(folder, "step time s", run)) / float(cell(folder, "step time s", "stage3"))
+    results = json.loads((ROOT / OFFLOAD_FINAL / "summary.json").read_text())["results"]
+    rss = {run: max(s["host_peak_rss_bytes"] for r in results[run] for s in r["steps"]) / 2**30
+           for run in ("stage3_offload", "stage3_infinity")}
+    peak = lambda run: f"{float(cell(OFFLOAD_FINAL, 'peak memory', run)):.1f}"
+    return (peak("stage3"), peak("stage3_offload"), peak("stage3_infinity"),
+            *(f"{times(folder, run):.1f}" for run in ("stage3_offload", "stage3_infinity")
+              for folder in (OFFLOAD_FIRST, OFFLOAD_FINAL)),
+            f"{rss['stage3_offload']:.0f}", f"{rss['stage3_infinity']:.0f}")
+
+
+def deepcompile_ranges() -> tuple:
+    mb2 = sorted([ratio(timed_from_step_7(DC_MB2), cell(DC_MB2_PEER, "tokens/s", "fsdp2")),
+                  against(REPEAT_MB2, "stage3_deepcompile")])
+    mb16 = sorted([against(DC_MB16, "stage3_deepcompile"), against(REPEAT_MB16, "stage3_deepcompile")])
+    return mb2[0][:-1], mb2[1], mb16[0][:-1], mb16[1]
+
+
+
+def launch_loads() -> tuple:
+    """The load average as the launchers' run began, the time the run under load took, and its load."""
+    folder = ROOT / LOGS / "cpu/launchers"
+    load = lambda f: re.search(r"load average: ([\d.]+)", f.read_text()).group(1)
+    under = re.search(r"^start.sh and the launches: ([\d.]+) s", (folder / "under-load/pytest.txt").read_text(), re.M)
+    return f"{float(load(folder / 'machine.txt')):.1f}", str(round(float(under.group(1)))), \
+        f"{float(load(folder / 'under-load/machine.txt')):.1f}"
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -230,6 +266,32 @@ DOCS = [
            read=lambda: (cell(DC_MB2, "peak memory", "stage3_deepcompile"), cell(EAGER_MB2, "peak memory", "stage3"))),
     Figure("at step 3 its loss was {} where eager stage 3's was {} (", F2 + "2-levers", "", page=FSDP2_PAGE,
            read=compiled_against_eager),
+    # docs/running.md
+    Figure("it changed the losses ({} against {} at step 3;", F2 + "2-levers", "", page=RUNNING,
+           read=compiled_against_eager),
+    Figure("on 2 H200s {}–{} FSDP2's speed at micro batch 2 and {}–{} at 16", DC_MB16, "", page=RUNNING,
+           read=deepcompile_ranges),
+    Figure("none was left {} s after the SIGKILL", LOGS + "cpu/faults/sigkill-group.txt", r"^([\d.]+) \[\]$",
+           page=RUNNING),
+    Figure("freed the GPU in {} s with one rank and in {} s with 4", LOGS + "h200/21-verdict/2-warm", "", page=RUNNING,
+           read=lambda: tuple(re.search(r"GPU back to 0 MiB after ([\d.]+) s", (ROOT / LOGS / "h200/21-verdict/2-warm" / f)
+                                        .read_text()).group(1)[:-1] for f in ("interrupt_ranks1.txt", "interrupt_default.txt"))),
+    Figure("GPU peak from {} to {} GiB and ZeRO-Infinity to {} GiB, at {}–{}x and {}–{}x the step time of stage 3. The "
+           "host then held {}–{} GiB", OFFLOAD_FINAL, "", page=RUNNING, read=offload_on_one_h200),
+    Figure("stage 3 peaks at {} GiB", LOGS + "h200/5-stages-offload-cap/cap20-2ranks", "", page=RUNNING,
+           read=lambda: (f"{float(cell(LOGS + 'h200/5-stages-offload-cap/cap20-2ranks', 'peak memory', 'stage3')):.1f}",)),
+    Figure("stage 3 peaks at {} GiB per rank", LOGS + "h200/5-stages-offload-cap/2.7b-4ranks", "", page=RUNNING,
+           read=lambda: (f"{float(cell(LOGS + 'h200/5-stages-offload-cap/2.7b-4ranks', 'peak memory', 'stage3')):.1f}",)),
+    Figure("start.sh from nothing, installing its packages, took {} s, and the launches with it {} s in all",
+           LOGS + "cpu/launchers/pytest.txt", "", page=RUNNING, read=lambda: (
+               str(round(float(re.search(r"^start.sh: ([\d.]+) s", (ROOT / LOGS / "cpu/launchers/start.txt").read_text(),
+                                         re.M).group(1)))),
+               str(round(float(re.search(r"^start.sh and the launches: ([\d.]+) s", (ROOT / LOGS / "cpu/launchers/pytest.txt")
+                                         .read_text(), re.M).group(1)))))),
+    Figure("at a load of {} from other work (`benchmarks/launchers.sh`); {} s at a load of {}", LOGS + "cpu/launchers", "",
+           page=RUNNING, read=launch_loads),
+    Figure("DeepSpeed's CPU all-reduce maps a {} MiB buffer per rank", LOGS + "cpu/shm-buffers.txt",
+           r" (\d+) \w+ +\d+ [\d:]+ deepspeed_allreduce_buffer_", lambda b: (f"{int(b) / 2**20:.0f}",), page=RUNNING),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
