@@ -228,6 +228,9 @@ def launch_loads() -> tuple:
         f"{float(load(folder / 'under-load/machine.txt')):.1f}"
 
 
+TYPES = LOGS + "cpu/types/"
+OLDEST = LOGS + "h200/25-oldest/"
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -292,6 +295,18 @@ DOCS = [
            page=RUNNING, read=launch_loads),
     Figure("DeepSpeed's CPU all-reduce maps a {} MiB buffer per rank", LOGS + "cpu/shm-buffers.txt",
            r" (\d+) \w+ +\d+ [\d:]+ deepspeed_allreduce_buffer_", lambda b: (f"{int(b) / 2**20:.0f}",), page=RUNNING),
+    # docs/layout.md
+    Figure("Over the test suite it found {} values outside their hints at a4e63fc", TYPES + "hints-runtime-a4e63fc.txt",
+           r"^(\d+) distinct values outside their hints", page="docs/layout.md"),
+    Figure("at 9aae04a, with the fields checked too, {} in {} tests", TYPES + "hints-runtime-9aae04a.txt",
+           r"^(\d+) passed, [\s\S]*^(\d+) distinct values outside their hints",
+           lambda passed, found: ("none" if found == "0" else found, passed), page="docs/layout.md"),
+    Figure("finds {} errors at 48399c8", TYPES + "mypy-48399c8.txt", r"^Found (\d+) errors in", page="docs/layout.md"),
+    # docs/result-keys.md
+    Figure("(the embeddings: {} of the tiny model's at 2 ranks, {} of 1.3b's at 4)", OLDEST + "default", "",
+           page="docs/result-keys.md", read=lambda: tuple(
+               re.search(r"stage3 (\d+%)/\d+%/\d+%; FAILED", (ROOT / OLDEST / run / "report.txt").read_text()).group(1)
+               for run in ("quick/quick-0.19.2/20261201-141837-YLA6", "default/full-0.19.2/20261201-142244-Kco8"))),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
