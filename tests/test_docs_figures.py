@@ -231,6 +231,42 @@ def launch_loads() -> tuple:
 TYPES = LOGS + "cpu/types/"
 OLDEST = LOGS + "h200/25-oldest/"
 
+MEASUREMENT = "docs/measurement.md"
+FP32_STAGE0 = "h200x2/10-final/results/20261130-135408-BSt7"
+ALL_STAGES_4 = "h200/5-stages-offload-cap/all-stages-4ranks"
+
+
+def held_out(folder: str, run: str) -> tuple:
+    """docs/measurement.md's row for a run without a recorded config: rank 0's peak in its steps, today's prediction
+    with its stage's config as it is today (tests/test_accounting.py), and the miss."""
+    from test_accounting import committed, miss_with_todays_config, training_peak
+    r = committed(folder + "/summary.json", run)[0]
+    miss = miss_with_todays_config(r)
+    return f"{training_peak(r) / 2**30:.2f}", f"{r.predicted.peak / 2**30:.2f}", f"{miss:+.1%}".replace("-", "−")
+
+
+def same_peak_at_stages_1_and_2() -> tuple:
+    from test_accounting import committed, training_peak
+    peaks = {training_peak(r) for run in ("stage1", "stage2") for r in committed(ALL_STAGES_4 + "/summary.json", run)}
+    assert len(peaks) == 1, peaks
+    return f"{peaks.pop():,}",
+
+
+MFU_BASELINES = LOGS + "h200/2-lr-stage3-mfu-baselines"
+
+
+def last_mfu(log: str) -> str:
+    """The MFU of a run's RESULT line, in the baselines' logs on one H200."""
+    mfu = re.findall(r'"mfu": ([\d.e-]+)', (ROOT / MFU_BASELINES / (log + ".log")).read_text())[-1]
+    return f"{float(mfu):.1%}"
+
+
+def planned_against_measured() -> tuple:
+    """The largest miss of the plan from one GPU against the runs it planned."""
+    misses = re.findall(r"\(([-+][\d.]+)%\)", (ROOT / LOGS / "plan/planned-against-measured.txt").read_text())
+    return f"{max(abs(float(m)) for m in misses):.1f}%",
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -307,6 +343,20 @@ DOCS = [
            page="docs/result-keys.md", read=lambda: tuple(
                re.search(r"stage3 (\d+%)/\d+%/\d+%; FAILED", (ROOT / OLDEST / run / "report.txt").read_text()).group(1)
                for run in ("quick/quick-0.19.2/20261201-141837-YLA6", "default/full-0.19.2/20261201-142244-Kco8"))),
+    # docs/measurement.md: the runs without a recorded config
+    Figure("2 H200s ([10-final](../benchmarks/logs/h200x2/10-final/results/20261130-135408-BSt7/)) | {} GiB | {} GiB | {} (",
+           LOGS + FP32_STAGE0, "", page=MEASUREMENT, read=lambda: held_out(FP32_STAGE0, "stage0")),
+    Figure("([stages0123-2gpus](../benchmarks/logs/h200x2/stages0123-2gpus/)) | {} GiB | {} GiB | {} |\n"
+           "| stage 2, the same | {} GiB | {} GiB | {} |", STAGES0123, "", page=MEASUREMENT,
+           read=lambda: held_out("h200x2/stages0123-2gpus", "stage1") + held_out("h200x2/stages0123-2gpus", "stage2")),
+    Figure("([all-stages-4ranks](../benchmarks/logs/h200/5-stages-offload-cap/all-stages-4ranks/)) | {} GiB | {} GiB | **{}** |\n"
+           "| stage 2, the same | {} GiB | {} GiB | {} |", LOGS + ALL_STAGES_4, "", page=MEASUREMENT,
+           read=lambda: held_out(ALL_STAGES_4, "stage1") + held_out(ALL_STAGES_4, "stage2")),
+    Figure("peaked at the same {} bytes", LOGS + ALL_STAGES_4, "", page=MEASUREMENT, read=same_peak_at_stages_1_and_2),
+    Figure("from {} to {} at micro batch 2 and from {} to {} at micro batch 16", MFU_BASELINES, "", page=MEASUREMENT,
+           read=lambda: tuple(last_mfu(log) for log in ("s3_mb2", "s3_blocks_mb2", "s3_mb16", "s3_blocks_mb16"))),
+    Figure("gave the 4-rank rehearsal and micro batch 16 within {} on the model states and on the peaks",
+           LOGS + "plan/planned-against-measured.txt", "", page=MEASUREMENT, read=planned_against_measured),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
