@@ -267,6 +267,32 @@ def planned_against_measured() -> tuple:
     return f"{max(abs(float(m)) for m in misses):.1f}%",
 
 
+LIVE = LOGS + "h200/29-live/"
+
+
+def traced(log: str) -> tuple:
+    """A stage-3 timeline of 29-live (as benchmarks/every_peak.py reads it): step 3's traced peak, today's predicted
+    peak, its miss against the trace's exact peak, and the most elements gathered."""
+    path = ROOT / LIVE / log
+    r = result.RankResult.from_dict(next(d for d in (json.loads(line[7:]) for line in path.read_text().splitlines()
+                                                     if line.startswith("RESULT ")) if d["rank"] == 0))
+    finishing.add_predictions(r, result.shape_of(r), r.zero_config)
+    summary = re.search(r"^step 3: peak ([\d.]+) GiB[\s\S]*?^most gathered: ([\d,]+) elements", path.read_text(), re.M)
+    tag = path.stem.removeprefix("timeline_")
+    rows = (ROOT / LIVE / log).parent.joinpath("timeline", f"{tag}_rank0.csv").read_text().splitlines()
+    exact = max(float(row.split(",")[5]) for row in rows[1:] if row.startswith("3,"))
+    predicted = r.predicted.peak / 2**30
+    return summary.group(1), f"{predicted:.2f}", f"{predicted / exact - 1:+.1%}", summary.group(2)
+
+
+def held(run: str) -> tuple:
+    """A run of 29-live/3-held: its peak, and the peak its own report predicted before it ran."""
+    [folder] = (ROOT / LIVE / "3-held/results" / run).glob("*/report.txt")
+    folder = str(folder.parent.relative_to(ROOT))
+    return cell(folder, "peak memory", next(iter(json.loads((ROOT / folder / "summary.json").read_text())["results"]))), \
+        cell(folder, "  estimated", next(iter(json.loads((ROOT / folder / "summary.json").read_text())["results"])))
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -357,6 +383,24 @@ DOCS = [
            read=lambda: tuple(last_mfu(log) for log in ("s3_mb2", "s3_blocks_mb2", "s3_mb16", "s3_blocks_mb16"))),
     Figure("gave the 4-rank rehearsal and micro batch 16 within {} on the model states and on the peaks",
            LOGS + "plan/planned-against-measured.txt", "", page=MEASUREMENT, read=planned_against_measured),
+    Figure("it is the peak: {} and {} GiB measured on 2 and 4 rehearsed ranks, {} and {} predicted; `ds_config_stage3.json` "
+           "at 1e9, {} against {}", LIVE + "1-live", "", page=MEASUREMENT, read=lambda: (
+               traced("1-live/timeline_offload_r2.txt")[0], traced("1-live/timeline_offload_r4.txt")[0],
+               traced("1-live/timeline_offload_r2.txt")[1], traced("1-live/timeline_offload_r4.txt")[1],
+               *traced("2-cap/timeline_stage3_live1e9.txt")[:2])),
+    Figure("The offload config at 1e8 peaked at {} GiB in the loss's backward", LIVE + "2-cap", "", page=MEASUREMENT,
+           read=lambda: traced("2-cap/timeline_offload_live1e8.txt")[:1]),
+    Figure("as backward's start predicts: {}, {}.", LIVE + "2-cap", "", page=MEASUREMENT,
+           read=lambda: traced("2-cap/timeline_offload_live1e8.txt")[1:3]),
+    Figure("the 2.7b model offloaded on 2 ranks, {} GiB against {} measured; 350m offloaded on 2, {} against {} ({};",
+           LIVE + "3-held", "", page=MEASUREMENT, read=lambda: (
+               *held("offload_2.7b_r2")[::-1], *held("offload_350m_r2")[::-1],
+               f"{float(held('offload_350m_r2')[1]) / float(held('offload_350m_r2')[0]) - 1:+.0%}".replace("+", ""))),
+    Figure("to backward's start with {}M of its 353M partitioned elements gathered, now {}, {});", LIVE + "4-trace350m", "",
+           page=MEASUREMENT, read=lambda: (lambda t: (str(round(int(t[3].replace(",", "")) / 1e6)), t[1], t[2]))(
+               traced("4-trace350m/timeline_offload350m_r2.txt"))),
+    Figure("`ds_config_stage3.json` at 1e9 on 4 ranks, {} against {}.", LIVE + "3-held", "", page=MEASUREMENT,
+           read=lambda: held("live1e9_r4")[::-1]),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
