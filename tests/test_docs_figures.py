@@ -293,6 +293,21 @@ def held(run: str) -> tuple:
         cell(folder, "  estimated", next(iter(json.loads((ROOT / folder / "summary.json").read_text())["results"])))
 
 
+DEFAULT_33 = LOGS + "h200/33-suite/gpu_launches/popen-gw1/gpu_default0/20261202-135050-LG4z/summary.json"
+S1_R4 = LOGS + "h200/31-suite/s1_r4_nock"
+S12_R4 = LOGS + "h200/28-suite-matrix/4-trace/held/results/s12_r4"
+
+
+def records(folder: str, run: str) -> list:
+    """A run's rank records, from the one summary.json under its folder."""
+    [summary] = (ROOT / folder).glob("**/summary.json")
+    return json.loads(summary.read_text())["results"][run]
+
+
+def step_peak(d: dict) -> int:
+    return max(s["peak_mem_bytes"] for s in d["steps"])
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -401,6 +416,18 @@ DOCS = [
                traced("4-trace350m/timeline_offload350m_r2.txt"))),
     Figure("`ds_config_stage3.json` at 1e9 on 4 ranks, {} against {}.", LIVE + "3-held", "", page=MEASUREMENT,
            read=lambda: held("live1e9_r4")[::-1]),
+    Figure("these are the biases and LayerNorm weights: {} tensors and {} elements", DEFAULT_33,
+           r'"persistent_tensors": ([1-9]\d*),[\s\S]*?"persistent_elems": (\d+)', lambda t, e: (t, f"{int(e):,}"),
+           page=MEASUREMENT),
+    Figure("4 ranks of the 1.3b model that is {} to {} of the gradients", S1_R4, "", page=MEASUREMENT, read=lambda: (
+        f"{min(d['held_fraction']['grads'] for d in records(S1_R4, 'stage1')):.1%}".removesuffix("%"),
+        f"{max(d['held_fraction']['grads'] for d in records(S1_R4, 'stage1')):.1%}")),
+    Figure("on 4 ranks of 1.3b, {} GiB against {} on the others", S12_R4, "", page=MEASUREMENT, read=lambda: (
+        lambda peaks: (f"{peaks[0]:.2f}", *{f"{p:.2f}" for p in peaks[1:]}))(
+            [step_peak(d) / 2**30 for d in sorted(records(S12_R4, "stage1"), key=lambda d: d["rank"])])),
+    Figure("predicted at {} GiB before it ran, peaked at {} ({})", S1_R4, "", page=MEASUREMENT, read=lambda: (
+        lambda r: (f"{r['predicted_peak_bytes'] / 2**30:.2f}", f"{step_peak(r) / 2**30:.2f}",
+                   f"{r['predicted_peak_bytes'] / step_peak(r) - 1:+.2%}"))(records(S1_R4, "stage1")[0])),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
