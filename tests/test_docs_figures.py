@@ -295,6 +295,7 @@ def held(run: str) -> tuple:
 
 DEFAULT_33 = LOGS + "h200/33-suite/gpu_launches/popen-gw1/gpu_default0/20261202-135050-LG4z/summary.json"
 S1_R4 = LOGS + "h200/31-suite/s1_r4_nock"
+OFFLOAD_92VQ = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125222-92vQ"
 S12_R4 = LOGS + "h200/28-suite-matrix/4-trace/held/results/s12_r4"
 
 
@@ -306,6 +307,43 @@ def records(folder: str, run: str) -> list:
 
 def step_peak(d: dict) -> int:
     return max(s["peak_mem_bytes"] for s in d["steps"])
+
+
+def step_rss(d: dict) -> int:
+    return max(s["host_peak_rss_bytes"] for s in d["steps"])
+
+
+
+def host_peaks() -> dict:
+    """Today's predicted host peak against each committed offload record's, as tests/test_accounting.py holds them:
+    (log, config, rank) -> (miss, measured bytes, predicted bytes, model, ranks)."""
+    from test_accounting import records as rank_records
+    from zero3bench.reporting import theory
+    timelines = ((log, result.RankResult.from_dict(json.loads(line[len("RESULT "):])))
+                 for log in sorted((ROOT / LOGS).glob("h200/**/timeline_*.txt"))
+                 for line in log.read_text(errors="replace").splitlines() if line.startswith("RESULT "))
+    found = {}
+    for path, r in (*rank_records(ROOT / LOGS), *timelines):
+        predicted = theory.predicted_host_peak(r) if r.peaks.host_peak_rss_bytes and r.steps else None
+        if predicted:
+            found[(str(path.relative_to(ROOT / LOGS)), r.run.config, r.rank)] = (
+                predicted / r.peaks.host_peak_rss_bytes - 1, r.peaks.host_peak_rss_bytes, predicted, r.world_size)
+    return found
+
+
+def offload_host() -> tuple:
+    found = host_peaks()
+    alone = {k: v for k, v in found.items() if "infinity" not in k[1]}
+    five = {k: v for k, v in found.items() if "infinity" in k[1] and v[3] == 1 and "-step-time" in k[0]}
+    assert len({k[0] for k in five}) == len(five) == 5
+    return (str(len({k[0] for k in alone})), str(len(alone)), f"{max(abs(v[0]) for v in alone.values()):.1%}",
+            f"{max(abs(v[0]) for v in five.values()):.1%}", f"{min(v[1] for v in five.values()) / 1e9:.2f}",
+            f"{max(v[1] for v in five.values()) / 1e9:.2f}", *{f"{v[2] / 1e9:.2f}" for v in five.values()})
+
+
+def host_2_7b_on_one_rank() -> tuple:
+    [(_, measured, predicted, _)] = [v for k, v in host_peaks().items() if k[0].startswith("h200/29-live/5-host/")]
+    return f"{predicted / 1e9:.2f}", f"{measured / 1e9:.2f}"
 
 
 DOCS = [
@@ -428,6 +466,18 @@ DOCS = [
     Figure("predicted at {} GiB before it ran, peaked at {} ({})", S1_R4, "", page=MEASUREMENT, read=lambda: (
         lambda r: (f"{r['predicted_peak_bytes'] / 2**30:.2f}", f"{step_peak(r) / 2**30:.2f}",
                    f"{r['predicted_peak_bytes'] / step_peak(r) - 1:+.2%}"))(records(S1_R4, "stage1")[0])),
+    Figure("30.40 GB at 1.3b on one H200 against {} GB of host tensors", OFFLOAD_92VQ, "",
+           page=MEASUREMENT, read=lambda: (lambda r: (f"{(r['host_state_bytes'] + r['host_state_breakdown']['other']) / 1e9:.2f}",))(
+               records(OFFLOAD_92VQ, "stage3_offload")[0])),
+    Figure("The process's peak resident set is more: {} GB", OFFLOAD_92VQ, "", page=MEASUREMENT,
+           read=lambda: (f"{step_rss(records(OFFLOAD_92VQ, 'stage3_offload')[0]) / 1e9:.2f}",)),
+    Figure("All {} committed runs at stage 3 that offload the optimizer alone ([h200](../benchmarks/logs/h200/), {} rank "
+           "records,", LOGS + "h200", "", page=MEASUREMENT, read=lambda: offload_host()[:2]),
+    Figure("prefetch caps of 1e8 to 1e9) are within {}, and the five with the parameters offloaded too (1.3b on one rank, "
+           "`h200/36-step-time`, `h200/38-step-time2`) within {} ({} to {} GB, {} predicted).", LOGS + "h200", "",
+           page=MEASUREMENT, read=lambda: offload_host()[2:]),
+    Figure("The 2.7b model on one rank was predicted before it ran: {} GB, {} measured", LOGS + "h200/29-live/5-host", "",
+           page=MEASUREMENT, read=host_2_7b_on_one_rank),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
