@@ -7,6 +7,7 @@ FIGURES holds each figure as the page writes it, with {} where the value goes, t
 regular expression whose groups read the value off the log (or off a command's output); `show` turns the groups
 into the page's form where the two differ (seconds into minutes, say), and `read` reads a figure that several
 logs make. Every other number of the README's prose is one that no run made, named in NOT_FROM_A_RUN."""
+import functools
 import json
 import re
 import subprocess
@@ -314,6 +315,7 @@ def step_rss(d: dict) -> int:
 
 
 
+@functools.lru_cache(maxsize=None)
 def host_peaks() -> dict:
     """Today's predicted host peak against each committed offload record's, as tests/test_accounting.py holds them:
     (log, config, rank) -> (miss, measured bytes, predicted bytes, model, ranks)."""
@@ -344,6 +346,28 @@ def offload_host() -> tuple:
 def host_2_7b_on_one_rank() -> tuple:
     [(_, measured, predicted, _)] = [v for k, v in host_peaks().items() if k[0].startswith("h200/29-live/5-host/")]
     return f"{predicted / 1e9:.2f}", f"{measured / 1e9:.2f}"
+
+
+
+def oldest_tiny() -> tuple:
+    """25-oldest's tiny runs: their DeepSpeed versions, cuBLAS's workspace over stage 0's peak, and today's
+    prediction's miss at each stage."""
+    from zero3bench.accounting import predict
+    misses, share, versions = {"stage0": [], "stage3": []}, [], []
+    for summary in sorted((ROOT / OLDEST / "quick").glob("*/*/summary.json")):
+        for name, ranks in json.loads(summary.read_text())["results"].items():
+            for d in ranks:
+                r = result.RankResult.from_dict(d)
+                finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
+                peak = max(s.memory.peak_mem_bytes for s in r.steps)
+                misses[name].append(r.predicted.peak / peak - 1)
+                versions.append(tuple(map(int, r.env.deepspeed.split("."))))
+                if name == "stage0":
+                    share.append(predict.WORKSPACE_BYTES / peak)
+    v = lambda t: ".".join(map(str, t))
+    return (v(min(versions)), v(max(versions)), f"{min(share):.0%}".removesuffix("%"), f"{max(share):.0%}",
+            f"{max(map(abs, misses['stage3'])):.1%}", f"{min(misses['stage0']):.1%}".removesuffix("%"),
+            f"{max(misses['stage0']):.1%}")
 
 
 DOCS = [
@@ -478,6 +502,12 @@ DOCS = [
            page=MEASUREMENT, read=lambda: offload_host()[2:]),
     Figure("The 2.7b model on one rank was predicted before it ran: {} GB, {} measured", LOGS + "h200/29-live/5-host", "",
            page=MEASUREMENT, read=host_2_7b_on_one_rank),
+    Figure("(tiny on 2 rehearsed ranks under DeepSpeed {} to {}, where the workspace is {} to {} of stage 0's peak: "
+           "within {} at stage 3 and {} to {} at stage 0)", OLDEST + "quick", "", page=MEASUREMENT, read=oldest_tiny),
+    Figure("tiny's stage 3 had been predicted {} over ({} GiB against {})", OLDEST + "quick", "", page=MEASUREMENT,
+           read=lambda: (lambda old: (f"{old[1] / old[0] - 1:.0%}", f"{old[1] / 1024:.2f}", f"{old[0] / 1024:.2f}"))(
+               [float(cell(OLDEST + "quick/quick-0.19.3/20261201-141838-YAOB", row, "stage3").removesuffix(" MiB"))
+                for row in ("peak memory", "  estimated")])),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
