@@ -526,6 +526,11 @@ DOCS = [
                [float(cell(OLDEST + "quick/quick-0.19.3/20261201-141838-YAOB", row, "stage3").removesuffix(" MiB"))
                 for row in ("peak memory", "  estimated")])),
     Figure("2.7b on 4) were within {} on every rank", LOGS + "h200/32-s12", "", page=MEASUREMENT, read=held_out_stage_1),
+    Figure("counts 18 bytes per partition element, {}–{} above the measurement at stages 1 to 3 on the 1.3b model",
+           LOGS + ALL_STAGES_4, "", page=MEASUREMENT, read=lambda: (lambda over: (f"{min(over):.0%}".removesuffix("%"),
+               f"{max(over):.0%}"))([float(cell(LOGS + ALL_STAGES_4, "  DeepSpeed estimator", run).removesuffix(" GiB"))
+                                     / float(cell(LOGS + ALL_STAGES_4, "model states", run).removesuffix(" GiB")) - 1
+                                     for run in ("stage1", "stage2", "stage3")])),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
