@@ -1,7 +1,7 @@
 """Every figure of README.md that a run measured is what its committed log says, and the README links that log;
 every figure that the code works out (the verdict's expected ratios, the plan's table) is what the code prints
-today. DOCS holds the same for figures of docs/ and BENCHMARKS.md that the front door's review found stale. A
-figure edited by hand, or a log or the code that changes under it, fails here.
+today. DOCS holds the same for the measured figures of docs/ (page= names each one's page) and a few of
+BENCHMARKS.md. A figure edited by hand, or a log or the code that changes under it, fails here.
 
 FIGURES holds each figure as the page writes it, with {} where the value goes, the log it comes from, and a
 regular expression whose groups read the value off the log (or off a command's output); `show` turns the groups
