@@ -387,6 +387,16 @@ def held_out_stage_1() -> tuple:
     return f"{max(map(abs, misses)):.1%}",
 
 
+
+def output_layer_probe() -> tuple:
+    """benchmarks/output_layer_probe.py on an H200: the output layer's predicted bytes against the measured, at
+    its largest miss, over the presets, micro batches and dtypes it ran."""
+    cases = [json.loads(line) for line in (ROOT / LOGS / "h200/31-suite/probe/output_layer.jsonl").read_text().splitlines()]
+    miss = max(abs(c["predicted_bytes"] / c["measured_bytes"] - 1) for c in cases)
+    presets, batches, dtypes = (sorted({c[k] for c in cases}, key=str) for k in ("preset", "micro_batch", "dtype"))
+    return (f"{miss:.1%}", *sorted(presets, key=lambda p: float(p[:-1]) * (1e-3 if p.endswith("m") else 1)), min(batches), max(batches), *dtypes)
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -531,6 +541,8 @@ DOCS = [
                f"{max(over):.0%}"))([float(cell(LOGS + ALL_STAGES_4, "  DeepSpeed estimator", run).removesuffix(" GiB"))
                                      / float(cell(LOGS + ALL_STAGES_4, "model states", run).removesuffix(" GiB")) - 1
                                      for run in ("stage1", "stage2", "stage3")])),
+    Figure("12 bytes a logit: within {} of an H200 at {} and {}, micro batch {} to {}, {} and {}",
+           LOGS + "h200/31-suite/probe/output_layer.jsonl", "", page=MEASUREMENT, read=output_layer_probe),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
