@@ -397,6 +397,24 @@ def output_layer_probe() -> tuple:
     return (f"{miss:.1%}", *sorted(presets, key=lambda p: float(p[:-1]) * (1e-3 if p.endswith("m") else 1)), min(batches), max(batches), *dtypes)
 
 
+
+def offloaded_weights() -> tuple:
+    """The 16-bit weights that parameter offload adds to the host, predicted, and measured as the resident sets of
+    3_infinity less 3_offload when the engine is ready, where both ran with the same settings (as
+    tests/test_accounting.py reads them)."""
+    from zero3bench.accounting import host, predict
+    added, predicted = [], set()
+    for summary in sorted((ROOT / LOGS).glob("h200/3[68]-step-time*/**/summary.json")):
+        runs = {name: result.RankResult.from_dict(ranks[0])
+                for name, ranks in json.loads(summary.read_text())["results"].items()}
+        if {"stage3_infinity", "stage3_offload"} <= set(runs):
+            r, offload = runs["stage3_infinity"], runs["stage3_offload"]
+            added.append(r.memory_at_start.host_peak_rss_bytes - offload.memory_at_start.host_peak_rss_bytes)
+            predicted.add(host.offloaded_weights_bytes(predict.WIDTH[r.run.dtype], 1, r.zero_config, result.shape_of(r)))
+    assert len(added) == 3 and len(predicted) == 1
+    return f"{predicted.pop() / 1e9:.3f}", f"{min(added) / 1e9:.3f}", f"{max(added) / 1e9:.3f}"
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -543,6 +561,8 @@ DOCS = [
                                      for run in ("stage1", "stage2", "stage3")])),
     Figure("12 bytes a logit: within {} of an H200 at {} and {}, micro batch {} to {}, {} and {}",
            LOGS + "h200/31-suite/probe/output_layer.jsonl", "", page=MEASUREMENT, read=output_layer_probe),
+    Figure("keeps ({} GB at 1.3b, {} to {} measured between the two offload configs' resident sets when the engine is "
+           "ready, in the three pairs of runs", LOGS + "h200/36-step-time", "", page=MEASUREMENT, read=offloaded_weights),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
