@@ -415,6 +415,8 @@ def offloaded_weights() -> tuple:
     return f"{predicted.pop() / 1e9:.3f}", f"{min(added) / 1e9:.3f}", f"{max(added) / 1e9:.3f}"
 
 
+OFFLOAD_350M = LOGS + "h200/27-suite-matrix/2-probe2/results/offload_350m/20261202-023617-Q4OC"
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -563,6 +565,8 @@ DOCS = [
            LOGS + "h200/31-suite/probe/output_layer.jsonl", "", page=MEASUREMENT, read=output_layer_probe),
     Figure("keeps ({} GB at 1.3b, {} to {} measured between the two offload configs' resident sets when the engine is "
            "ready, in the three pairs of runs", LOGS + "h200/36-step-time", "", page=MEASUREMENT, read=offloaded_weights),
+    Figure("the 350m model offloaded on one rank ({} GiB predicted against {},", OFFLOAD_350M, "", page=MEASUREMENT,
+           read=lambda: (cell(OFFLOAD_350M, "  estimated", "stage3_offload"), cell(OFFLOAD_350M, "peak memory", "stage3_offload"))),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
