@@ -1,12 +1,13 @@
 """Every figure of README.md that a run measured is what its committed log says, and the README links that log;
 every figure that the code works out (the verdict's expected ratios, the plan's table) is what the code prints
-today. DOCS holds the same for figures of docs/ and BENCHMARKS.md that the front door's review found stale. A
-figure edited by hand, or a log or the code that changes under it, fails here.
+today. DOCS holds the same for the measured figures of docs/ (page= names each one's page) and a few of
+BENCHMARKS.md. A figure edited by hand, or a log or the code that changes under it, fails here.
 
 FIGURES holds each figure as the page writes it, with {} where the value goes, the log it comes from, and a
 regular expression whose groups read the value off the log (or off a command's output); `show` turns the groups
 into the page's form where the two differ (seconds into minutes, say), and `read` reads a figure that several
 logs make. Every other number of the README's prose is one that no run made, named in NOT_FROM_A_RUN."""
+import functools
 import json
 import re
 import subprocess
@@ -112,6 +113,310 @@ def compile_minutes() -> tuple:
     return f"{min(spent) / 60:.1f}", f"{max(spent) / 60:.1f}"
 
 
+RECIPE = "docs/training-recipe.md"
+RECIPE_FP16 = LOGS + "h200/28-suite-matrix/2-batch/results/original_design/20261202-050444-4Lre"
+RECIPE_2GPUS = LOGS + "h200x2/8-recipe-2gpus/results"
+STAGES0123 = LOGS + "h200x2/stages0123-2gpus"
+PEAK_PAIR = r"^peak memory +([\d.]+) GiB +([\d.]+) GiB[\s\S]*^tokens/s +([\d,]+) +([\d,]+)"
+
+
+def checkpoint_cost() -> tuple:
+    """What checkpointing cost each stage's tokens/s on 2 H200s at micro batch 2, from the two runs' reports."""
+    on, off = (re.search(PEAK_PAIR, (ROOT / RECIPE_2GPUS / run / "report.txt").read_text(), re.M).groups()[2:]
+               for run in ("20261130-133806-hn0t", "20261130-133930-37Ih"))
+    return tuple(f"{1 - float(a.replace(',', '')) / float(b.replace(',', '')):.0%}" for a, b in zip(on[::-1], off[::-1]))
+
+
+FSDP2_PAGE = "docs/zero3-vs-fsdp2.md"
+F2 = LOGS + "h200x2/13-fsdp2/"
+EAGER_MB2, EAGER_MB16 = F2 + "15-final5/r/20261130-212629-JBTr", F2 + "15-final5/r/20261130-212805-1qpr"
+DC_MB2, DC_MB2_PEER = F2 + "11-deepcompile-mb2/r/20261130-183616-WICi", F2 + "11-deepcompile-mb2/r/20261130-184146-VV5X"
+DC_MB16 = F2 + "16-deepcompile-peer/r/20261130-213208-HlxM"
+REPEAT_MB16, REPEAT_MB2 = F2 + "18-repeat-mb16/r/20261130-232917-p3xa", F2 + "19-repeat-mb2/r/20261130-235155-yLZq"
+DC_SUB1E9 = F2 + "20-deepcompile-sub1e9/r/20261201-000023-iXSl"
+
+
+def cell(folder: str, row: str, run: str) -> str:
+    """One figure of a report's table: its row's value in the run's column, less its unit."""
+    lines = (ROOT / folder / "report.txt").read_text().splitlines()
+    runs = lines[0].split()
+    [line] = [line for line in lines if re.match(re.escape(row) + r" {2,}", line)]
+    return re.split(r" {2,}", line.strip())[1:][runs.index(run)].removesuffix(" GiB")
+
+
+def against(folder: str, run: str) -> str:
+    """The report's line that sets a run against FSDP2: its share of FSDP2's tokens/s."""
+    text = (ROOT / folder / "report.txt").read_text()
+    return re.search(rf"^{run} against fsdp2: ([\d.]+x) its tokens/s", text, re.M).group(1)
+
+
+def timed_from_step_7(folder: str) -> str:
+    """DeepCompile's tokens/s as the report times it today: the median over steps 7..N, less the profiled last."""
+    log = (ROOT / folder / "stage3_deepcompile.log").read_text()
+    rates = [int(r.replace(",", "")) for n, last, r in re.findall(r"step (\d+)/(\d+) .* tok/s ([\d,]+)", log)
+             if 7 <= int(n) < int(last)]
+    assert len(rates) % 2 == 1
+    return f"{sorted(rates)[len(rates) // 2]:,}"
+
+
+def deepcompile_row() -> tuple:
+    mb2 = timed_from_step_7(DC_MB2)
+    return (mb2, ratio(mb2, cell(DC_MB2_PEER, "tokens/s", "fsdp2")), cell(DC_MB2, "peak memory", "stage3_deepcompile"),
+            cell(DC_MB16, "tokens/s", "stage3_deepcompile"), against(DC_MB16, "stage3_deepcompile"),
+            cell(DC_MB16, "peak memory", "stage3_deepcompile"))
+
+
+def same_model_states() -> tuple:
+    states = {cell(EAGER_MB2, "model states", run) for run in ("fsdp2", "stage3")}
+    assert len(states) == 1, states
+    return tuple(states)
+
+
+def on_par() -> tuple:
+    calls = sorted((against(folder, run) for folder, run in ((DC_MB16, "stage3_deepcompile"),
+                    (REPEAT_MB16, "stage3_deepcompile"), (DC_SUB1E9, "stage3_deepcompile_sub1e9"))), key=lambda r: float(r[:-1]))
+    return calls[0], calls[-1]
+
+
+def agree_with_fsdp2() -> tuple:
+    found = [re.search(r"against fsdp2: .* the losses agree to ([\d.]+%)", (ROOT / f / "report.txt").read_text()).group(1)
+             for f in (EAGER_MB2, EAGER_MB16, DC_MB2_PEER, DC_MB16, REPEAT_MB16, REPEAT_MB2)]
+    return max(found, key=lambda v: float(v[:-1])),
+
+
+
+def compiled_against_eager() -> tuple:
+    """engine.compile's loss at step 3 on 2 H200s, and eager stage 3's in the same sweep."""
+    def at_step_3(log):
+        loss = re.search(r"step 3/\d+  loss ([\d.]+)", (ROOT / F2 / "2-levers/r" / log).read_text()).group(1)
+        return f"{float(loss):.2f}"
+    return at_step_3("20261130-152833-lZ0F/stage3.log"), at_step_3("20261130-153023-7VRY/stage3_subgroup1e8.log")
+
+
+RUNNING = "docs/running.md"
+OFFLOAD_FIRST, OFFLOAD_FINAL = LOGS + "h200/5-stages-offload-cap/offload-1rank", LOGS + "h200/6-final-1gpu/stages-0-3-offload"
+
+
+def offload_on_one_h200() -> tuple:
+    """Offload's and Infinity's GPU peaks on one H200, their step times over stage 3's in the first and the final
+    run, and the host's peak resident set that the final run's per-step records hold."""
+    def times(folder, run):
+        return float(cell(folder, "step time s", run)) / float(cell(folder, "step time s", "stage3"))
+    results = json.loads((ROOT / OFFLOAD_FINAL / "summary.json").read_text())["results"]
+    rss = {run: max(s["host_peak_rss_bytes"] for r in results[run] for s in r["steps"]) / 2**30
+           for run in ("stage3_offload", "stage3_infinity")}
+    peak = lambda run: f"{float(cell(OFFLOAD_FINAL, 'peak memory', run)):.1f}"
+    return (peak("stage3"), peak("stage3_offload"), peak("stage3_infinity"),
+            *(f"{times(folder, run):.1f}" for run in ("stage3_offload", "stage3_infinity")
+              for folder in (OFFLOAD_FIRST, OFFLOAD_FINAL)),
+            f"{rss['stage3_offload']:.0f}", f"{rss['stage3_infinity']:.0f}")
+
+
+def deepcompile_ranges() -> tuple:
+    mb2 = sorted([ratio(timed_from_step_7(DC_MB2), cell(DC_MB2_PEER, "tokens/s", "fsdp2")),
+                  against(REPEAT_MB2, "stage3_deepcompile")])
+    mb16 = sorted([against(DC_MB16, "stage3_deepcompile"), against(REPEAT_MB16, "stage3_deepcompile")])
+    return mb2[0][:-1], mb2[1], mb16[0][:-1], mb16[1]
+
+
+
+def launch_loads() -> tuple:
+    """The load average as the launchers' run began, the time the run under load took, and its load."""
+    folder = ROOT / LOGS / "cpu/launchers"
+    load = lambda f: re.search(r"load average: ([\d.]+)", f.read_text()).group(1)
+    under = re.search(r"^start.sh and the launches: ([\d.]+) s", (folder / "under-load/pytest.txt").read_text(), re.M)
+    return f"{float(load(folder / 'machine.txt')):.1f}", str(round(float(under.group(1)))), \
+        f"{float(load(folder / 'under-load/machine.txt')):.1f}"
+
+
+TYPES = LOGS + "cpu/types/"
+OLDEST = LOGS + "h200/25-oldest/"
+
+MEASUREMENT = "docs/measurement.md"
+FP32_STAGE0 = "h200x2/10-final/results/20261130-135408-BSt7"
+ALL_STAGES_4 = "h200/5-stages-offload-cap/all-stages-4ranks"
+
+
+def held_out(folder: str, run: str) -> tuple:
+    """docs/measurement.md's row for a run without a recorded config: rank 0's peak in its steps, today's prediction
+    with its stage's config as it is today (tests/test_accounting.py), and the miss."""
+    from test_accounting import committed, miss_with_todays_config, training_peak
+    r = committed(folder + "/summary.json", run)[0]
+    miss = miss_with_todays_config(r)
+    return f"{training_peak(r) / 2**30:.2f}", f"{r.predicted.peak / 2**30:.2f}", f"{miss:+.1%}".replace("-", "−")
+
+
+def same_peak_at_stages_1_and_2() -> tuple:
+    from test_accounting import committed, training_peak
+    peaks = {training_peak(r) for run in ("stage1", "stage2") for r in committed(ALL_STAGES_4 + "/summary.json", run)}
+    assert len(peaks) == 1, peaks
+    return f"{peaks.pop():,}",
+
+
+MFU_BASELINES = LOGS + "h200/2-lr-stage3-mfu-baselines"
+
+
+def last_mfu(log: str) -> str:
+    """The MFU of a run's RESULT line, in the baselines' logs on one H200."""
+    mfu = re.findall(r'"mfu": ([\d.e-]+)', (ROOT / MFU_BASELINES / (log + ".log")).read_text())[-1]
+    return f"{float(mfu):.1%}"
+
+
+def planned_against_measured() -> tuple:
+    """The largest miss of the plan from one GPU against the runs it planned."""
+    misses = re.findall(r"\(([-+][\d.]+)%\)", (ROOT / LOGS / "plan/planned-against-measured.txt").read_text())
+    return f"{max(abs(float(m)) for m in misses):.1f}%",
+
+
+LIVE = LOGS + "h200/29-live/"
+
+
+def traced(log: str) -> tuple:
+    """A stage-3 timeline of 29-live (as benchmarks/every_peak.py reads it): step 3's traced peak, today's predicted
+    peak, its miss against the trace's exact peak, and the most elements gathered."""
+    path = ROOT / LIVE / log
+    r = result.RankResult.from_dict(next(d for d in (json.loads(line[7:]) for line in path.read_text().splitlines()
+                                                     if line.startswith("RESULT ")) if d["rank"] == 0))
+    finishing.add_predictions(r, result.shape_of(r), r.zero_config)
+    summary = re.search(r"^step 3: peak ([\d.]+) GiB[\s\S]*?^most gathered: ([\d,]+) elements", path.read_text(), re.M)
+    tag = path.stem.removeprefix("timeline_")
+    rows = (ROOT / LIVE / log).parent.joinpath("timeline", f"{tag}_rank0.csv").read_text().splitlines()
+    exact = max(float(row.split(",")[5]) for row in rows[1:] if row.startswith("3,"))
+    predicted = r.predicted.peak / 2**30
+    return summary.group(1), f"{predicted:.2f}", f"{predicted / exact - 1:+.1%}", summary.group(2)
+
+
+def held(run: str) -> tuple:
+    """A run of 29-live/3-held: its peak, and the peak its own report predicted before it ran."""
+    [folder] = (ROOT / LIVE / "3-held/results" / run).glob("*/report.txt")
+    folder = str(folder.parent.relative_to(ROOT))
+    return cell(folder, "peak memory", next(iter(json.loads((ROOT / folder / "summary.json").read_text())["results"]))), \
+        cell(folder, "  estimated", next(iter(json.loads((ROOT / folder / "summary.json").read_text())["results"])))
+
+
+DEFAULT_33 = LOGS + "h200/33-suite/gpu_launches/popen-gw1/gpu_default0/20261202-135050-LG4z/summary.json"
+S1_R4 = LOGS + "h200/31-suite/s1_r4_nock"
+OFFLOAD_92VQ = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125222-92vQ"
+S12_R4 = LOGS + "h200/28-suite-matrix/4-trace/held/results/s12_r4"
+
+
+def records(folder: str, run: str) -> list:
+    """A run's rank records, from the one summary.json under its folder."""
+    [summary] = (ROOT / folder).glob("**/summary.json")
+    return json.loads(summary.read_text())["results"][run]
+
+
+def step_peak(d: dict) -> int:
+    return max(s["peak_mem_bytes"] for s in d["steps"])
+
+
+def step_rss(d: dict) -> int:
+    return max(s["host_peak_rss_bytes"] for s in d["steps"])
+
+
+
+@functools.lru_cache(maxsize=None)
+def host_peaks() -> dict:
+    """Today's predicted host peak against each committed offload record's, as tests/test_accounting.py holds them:
+    (log, config, rank) -> (miss, measured bytes, predicted bytes, model, ranks)."""
+    from test_accounting import records as rank_records
+    from zero3bench.reporting import theory
+    timelines = ((log, result.RankResult.from_dict(json.loads(line[len("RESULT "):])))
+                 for log in sorted((ROOT / LOGS).glob("h200/**/timeline_*.txt"))
+                 for line in log.read_text(errors="replace").splitlines() if line.startswith("RESULT "))
+    found = {}
+    for path, r in (*rank_records(ROOT / LOGS), *timelines):
+        predicted = theory.predicted_host_peak(r) if r.peaks.host_peak_rss_bytes and r.steps else None
+        if predicted:
+            found[(str(path.relative_to(ROOT / LOGS)), r.run.config, r.rank)] = (
+                predicted / r.peaks.host_peak_rss_bytes - 1, r.peaks.host_peak_rss_bytes, predicted, r.world_size)
+    return found
+
+
+def offload_host() -> tuple:
+    found = host_peaks()
+    alone = {k: v for k, v in found.items() if "infinity" not in k[1]}
+    five = {k: v for k, v in found.items() if "infinity" in k[1] and v[3] == 1 and "-step-time" in k[0]}
+    assert len({k[0] for k in five}) == len(five) == 5
+    return (str(len({k[0] for k in alone})), str(len(alone)), f"{max(abs(v[0]) for v in alone.values()):.1%}",
+            f"{max(abs(v[0]) for v in five.values()):.1%}", f"{min(v[1] for v in five.values()) / 1e9:.2f}",
+            f"{max(v[1] for v in five.values()) / 1e9:.2f}", *{f"{v[2] / 1e9:.2f}" for v in five.values()})
+
+
+def host_2_7b_on_one_rank() -> tuple:
+    [(_, measured, predicted, _)] = [v for k, v in host_peaks().items() if k[0].startswith("h200/29-live/5-host/")]
+    return f"{predicted / 1e9:.2f}", f"{measured / 1e9:.2f}"
+
+
+
+def oldest_tiny() -> tuple:
+    """25-oldest's tiny runs: their DeepSpeed versions, cuBLAS's workspace over stage 0's peak, and today's
+    prediction's miss at each stage."""
+    from zero3bench.accounting import predict
+    misses, share, versions = {"stage0": [], "stage3": []}, [], []
+    for summary in sorted((ROOT / OLDEST / "quick").glob("*/*/summary.json")):
+        for name, ranks in json.loads(summary.read_text())["results"].items():
+            for d in ranks:
+                r = result.RankResult.from_dict(d)
+                finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
+                peak = max(s.memory.peak_mem_bytes for s in r.steps)
+                misses[name].append(r.predicted.peak / peak - 1)
+                versions.append(tuple(map(int, r.env.deepspeed.split("."))))
+                if name == "stage0":
+                    share.append(predict.WORKSPACE_BYTES / peak)
+    v = lambda t: ".".join(map(str, t))
+    return (v(min(versions)), v(max(versions)), f"{min(share):.0%}".removesuffix("%"), f"{max(share):.0%}",
+            f"{max(map(abs, misses['stage3'])):.1%}", f"{min(misses['stage0']):.1%}".removesuffix("%"),
+            f"{max(misses['stage0']):.1%}")
+
+
+
+def held_out_stage_1() -> tuple:
+    """Today's prediction against every rank of the runs held out for stage 1's reduction: 350m on 3 and 8 ranks,
+    760m on 6, 125m in fp32 on 5, 1.3b in fp32 on 4, 2.7b on 4 (both stages where the run has both)."""
+    misses = []
+    for folder in ("32-s12/results/s12_350m_r3", "32-s12/results/s12_350m_r8_mb1", "32-s12/results/s12_2.7b_r4",
+                   "34-s1/results"):
+        for summary in (ROOT / LOGS / "h200" / folder).glob("**/summary.json"):
+            for ranks in json.loads(summary.read_text())["results"].values():
+                for d in ranks:
+                    r = result.RankResult.from_dict(d)
+                    finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
+                    misses.append(r.predicted.peak / max(s.memory.peak_mem_bytes for s in r.steps) - 1)
+    assert len(misses) == 3 * 2 + 8 * 2 + 4 * 2 + 8 + 6 + 5 + 4
+    return f"{max(map(abs, misses)):.1%}",
+
+
+
+def output_layer_probe() -> tuple:
+    """benchmarks/output_layer_probe.py on an H200: the output layer's predicted bytes against the measured, at
+    its largest miss, over the presets, micro batches and dtypes it ran."""
+    cases = [json.loads(line) for line in (ROOT / LOGS / "h200/31-suite/probe/output_layer.jsonl").read_text().splitlines()]
+    miss = max(abs(c["predicted_bytes"] / c["measured_bytes"] - 1) for c in cases)
+    presets, batches, dtypes = (sorted({c[k] for c in cases}, key=str) for k in ("preset", "micro_batch", "dtype"))
+    return (f"{miss:.1%}", *sorted(presets, key=lambda p: float(p[:-1]) * (1e-3 if p.endswith("m") else 1)), min(batches), max(batches), *dtypes)
+
+
+
+def offloaded_weights() -> tuple:
+    """The 16-bit weights that parameter offload adds to the host, predicted, and measured as the resident sets of
+    3_infinity less 3_offload when the engine is ready, where both ran with the same settings (as
+    tests/test_accounting.py reads them)."""
+    from zero3bench.accounting import host, predict
+    added, predicted = [], set()
+    for summary in sorted((ROOT / LOGS).glob("h200/3[68]-step-time*/**/summary.json")):
+        runs = {name: result.RankResult.from_dict(ranks[0])
+                for name, ranks in json.loads(summary.read_text())["results"].items()}
+        if {"stage3_infinity", "stage3_offload"} <= set(runs):
+            r, offload = runs["stage3_infinity"], runs["stage3_offload"]
+            added.append(r.memory_at_start.host_peak_rss_bytes - offload.memory_at_start.host_peak_rss_bytes)
+            predicted.add(host.offloaded_weights_bytes(predict.WIDTH[r.run.dtype], 1, r.zero_config, result.shape_of(r)))
+    assert len(added) == 3 and len(predicted) == 1
+    return f"{predicted.pop() / 1e9:.3f}", f"{min(added) / 1e9:.3f}", f"{max(added) / 1e9:.3f}"
+
+
+OFFLOAD_350M = LOGS + "h200/27-suite-matrix/2-probe2/results/offload_350m/20261202-023617-Q4OC"
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -123,6 +428,172 @@ DOCS = [
            "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
     Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
            read=compile_minutes),
+    # docs/zero3-vs-fsdp2.md
+    Figure("| FSDP2 | {} tokens/s, peak {} GiB per rank | {} tokens/s, {} GiB |", EAGER_MB2, "", page=FSDP2_PAGE,
+           read=lambda: (cell(EAGER_MB2, "tokens/s", "fsdp2"), cell(EAGER_MB2, "peak memory", "fsdp2"),
+                         cell(EAGER_MB16, "tokens/s", "fsdp2"), cell(EAGER_MB16, "peak memory", "fsdp2"))),
+    Figure("| stage 3, `ds_config_stage3.json` | {} ({} FSDP2's), {} GiB | {} ({}), {} GiB |", EAGER_MB2, "",
+           page=FSDP2_PAGE, read=lambda: tuple(f(folder) for folder in (EAGER_MB2, EAGER_MB16) for f in (
+               lambda d: cell(d, "tokens/s", "stage3"), lambda d: against(d, "stage 3"),
+               lambda d: cell(d, "peak memory", "stage3")))),
+    Figure("| stage 3 with DeepCompile | {} ({}), {} GiB | {} ({}), {} GiB |", DC_MB2, "", page=FSDP2_PAGE,
+           read=deepcompile_row),
+    Figure("the same call: {} and {} tokens/s there", DC_MB16, "", page=FSDP2_PAGE,
+           read=lambda: (cell(DC_MB2_PEER, "tokens/s", "fsdp2"), cell(DC_MB16, "tokens/s", "fsdp2"))),
+    Figure("Every run's losses agree with FSDP2's in the same call to {} at every step", EAGER_MB2, "", page=FSDP2_PAGE,
+           read=agree_with_fsdp2),
+    Figure("FSDP2 hold the same {} GiB of model states per rank", EAGER_MB2, "", page=FSDP2_PAGE, read=same_model_states),
+    Figure("ranged from {} to {} tokens/s between machines", F2 + "1-peer/mb2.txt", "", page=FSDP2_PAGE,
+           read=lambda: (re.search(r"^tokens/s +([\d,]+)", (ROOT / F2 / "1-peer/mb2.txt").read_text(), re.M).group(1),
+                         cell(DC_MB2_PEER, "tokens/s", "fsdp2"))),
+    Figure("gave {} at micro batch 16 ({} against {} tokens/s) and {} at 2 ({} against {},", REPEAT_MB16, "",
+           page=FSDP2_PAGE, read=lambda: tuple(f(folder) for folder in (REPEAT_MB16, REPEAT_MB2) for f in (
+               lambda d: against(d, "stage3_deepcompile"), lambda d: cell(d, "tokens/s", "stage3_deepcompile"),
+               lambda d: cell(d, "tokens/s", "fsdp2")))),
+    Figure("At 16 it is on par ({} to {} in three calls,", DC_SUB1E9, "", page=FSDP2_PAGE, read=on_par),
+    Figure("it peaks higher than eager stage 3 ({} against {} GiB)", DC_MB2, "", page=FSDP2_PAGE,
+           read=lambda: (cell(DC_MB2, "peak memory", "stage3_deepcompile"), cell(EAGER_MB2, "peak memory", "stage3"))),
+    Figure("at step 3 its loss was {} where eager stage 3's was {} (", F2 + "2-levers", "", page=FSDP2_PAGE,
+           read=compiled_against_eager),
+    # docs/running.md
+    Figure("it changed the losses ({} against {} at step 3;", F2 + "2-levers", "", page=RUNNING,
+           read=compiled_against_eager),
+    Figure("on 2 H200s {}–{} FSDP2's speed at micro batch 2 and {}–{} at 16", DC_MB16, "", page=RUNNING,
+           read=deepcompile_ranges),
+    Figure("none was left {} s after the SIGKILL", LOGS + "cpu/faults/sigkill-group.txt", r"^([\d.]+) \[\]$",
+           page=RUNNING),
+    Figure("freed the GPU in {} s with one rank and in {} s with 4", LOGS + "h200/21-verdict/2-warm", "", page=RUNNING,
+           read=lambda: tuple(re.search(r"GPU back to 0 MiB after ([\d.]+) s", (ROOT / LOGS / "h200/21-verdict/2-warm" / f)
+                                        .read_text()).group(1)[:-1] for f in ("interrupt_ranks1.txt", "interrupt_default.txt"))),
+    Figure("GPU peak from {} to {} GiB and ZeRO-Infinity to {} GiB, at {}–{}x and {}–{}x the step time of stage 3. The "
+           "host then held {}–{} GiB", OFFLOAD_FINAL, "", page=RUNNING, read=offload_on_one_h200),
+    Figure("stage 3 peaks at {} GiB", LOGS + "h200/5-stages-offload-cap/cap20-2ranks", "", page=RUNNING,
+           read=lambda: (f"{float(cell(LOGS + 'h200/5-stages-offload-cap/cap20-2ranks', 'peak memory', 'stage3')):.1f}",)),
+    Figure("stage 3 peaks at {} GiB per rank", LOGS + "h200/5-stages-offload-cap/2.7b-4ranks", "", page=RUNNING,
+           read=lambda: (f"{float(cell(LOGS + 'h200/5-stages-offload-cap/2.7b-4ranks', 'peak memory', 'stage3')):.1f}",)),
+    Figure("start.sh from nothing, installing its packages, took {} s, and the launches with it {} s in all",
+           LOGS + "cpu/launchers/pytest.txt", "", page=RUNNING, read=lambda: (
+               str(round(float(re.search(r"^start.sh: ([\d.]+) s", (ROOT / LOGS / "cpu/launchers/start.txt").read_text(),
+                                         re.M).group(1)))),
+               str(round(float(re.search(r"^start.sh and the launches: ([\d.]+) s", (ROOT / LOGS / "cpu/launchers/pytest.txt")
+                                         .read_text(), re.M).group(1)))))),
+    Figure("at a load of {} from other work (`benchmarks/launchers.sh`); {} s at a load of {}", LOGS + "cpu/launchers", "",
+           page=RUNNING, read=launch_loads),
+    Figure("DeepSpeed's CPU all-reduce maps a {} MiB buffer per rank", LOGS + "cpu/shm-buffers.txt",
+           r" (\d+) \w+ +\d+ [\d:]+ deepspeed_allreduce_buffer_", lambda b: (f"{int(b) / 2**20:.0f}",), page=RUNNING),
+    # docs/layout.md
+    Figure("Over the test suite it found {} values outside their hints at a4e63fc", TYPES + "hints-runtime-a4e63fc.txt",
+           r"^(\d+) distinct values outside their hints", page="docs/layout.md"),
+    Figure("at 9aae04a, with the fields checked too, {} in {} tests", TYPES + "hints-runtime-9aae04a.txt",
+           r"^(\d+) passed, [\s\S]*^(\d+) distinct values outside their hints",
+           lambda passed, found: ("none" if found == "0" else found, passed), page="docs/layout.md"),
+    Figure("finds {} errors at 48399c8", TYPES + "mypy-48399c8.txt", r"^Found (\d+) errors in", page="docs/layout.md"),
+    # docs/result-keys.md
+    Figure("(the embeddings: {} of the tiny model's at 2 ranks, {} of 1.3b's at 4)", OLDEST + "default", "",
+           page="docs/result-keys.md", read=lambda: tuple(
+               re.search(r"stage3 (\d+%)/\d+%/\d+%; FAILED", (ROOT / OLDEST / run / "report.txt").read_text()).group(1)
+               for run in ("quick/quick-0.19.2/20261201-141837-YLA6", "default/full-0.19.2/20261201-142244-Kco8"))),
+    # docs/measurement.md: the runs without a recorded config
+    Figure("2 H200s ([10-final](../benchmarks/logs/h200x2/10-final/results/20261130-135408-BSt7/)) | {} GiB | {} GiB | {} (",
+           LOGS + FP32_STAGE0, "", page=MEASUREMENT, read=lambda: held_out(FP32_STAGE0, "stage0")),
+    Figure("([stages0123-2gpus](../benchmarks/logs/h200x2/stages0123-2gpus/)) | {} GiB | {} GiB | {} |\n"
+           "| stage 2, the same | {} GiB | {} GiB | {} |", STAGES0123, "", page=MEASUREMENT,
+           read=lambda: held_out("h200x2/stages0123-2gpus", "stage1") + held_out("h200x2/stages0123-2gpus", "stage2")),
+    Figure("([all-stages-4ranks](../benchmarks/logs/h200/5-stages-offload-cap/all-stages-4ranks/)) | {} GiB | {} GiB | **{}** |\n"
+           "| stage 2, the same | {} GiB | {} GiB | {} |", LOGS + ALL_STAGES_4, "", page=MEASUREMENT,
+           read=lambda: held_out(ALL_STAGES_4, "stage1") + held_out(ALL_STAGES_4, "stage2")),
+    Figure("peaked at the same {} bytes", LOGS + ALL_STAGES_4, "", page=MEASUREMENT, read=same_peak_at_stages_1_and_2),
+    Figure("from {} to {} at micro batch 2 and from {} to {} at micro batch 16", MFU_BASELINES, "", page=MEASUREMENT,
+           read=lambda: tuple(last_mfu(log) for log in ("s3_mb2", "s3_blocks_mb2", "s3_mb16", "s3_blocks_mb16"))),
+    Figure("gave the 4-rank rehearsal and micro batch 16 within {} on the model states and on the peaks",
+           LOGS + "plan/planned-against-measured.txt", "", page=MEASUREMENT, read=planned_against_measured),
+    Figure("it is the peak: {} and {} GiB measured on 2 and 4 rehearsed ranks, {} and {} predicted; `ds_config_stage3.json` "
+           "at 1e9, {} against {}", LIVE + "1-live", "", page=MEASUREMENT, read=lambda: (
+               traced("1-live/timeline_offload_r2.txt")[0], traced("1-live/timeline_offload_r4.txt")[0],
+               traced("1-live/timeline_offload_r2.txt")[1], traced("1-live/timeline_offload_r4.txt")[1],
+               *traced("2-cap/timeline_stage3_live1e9.txt")[:2])),
+    Figure("The offload config at 1e8 peaked at {} GiB in the loss's backward", LIVE + "2-cap", "", page=MEASUREMENT,
+           read=lambda: traced("2-cap/timeline_offload_live1e8.txt")[:1]),
+    Figure("as backward's start predicts: {}, {}.", LIVE + "2-cap", "", page=MEASUREMENT,
+           read=lambda: traced("2-cap/timeline_offload_live1e8.txt")[1:3]),
+    Figure("the 2.7b model offloaded on 2 ranks, {} GiB against {} measured; 350m offloaded on 2, {} against {} ({};",
+           LIVE + "3-held", "", page=MEASUREMENT, read=lambda: (
+               *held("offload_2.7b_r2")[::-1], *held("offload_350m_r2")[::-1],
+               f"{float(held('offload_350m_r2')[1]) / float(held('offload_350m_r2')[0]) - 1:+.0%}".replace("+", ""))),
+    Figure("to backward's start with {}M of its 353M partitioned elements gathered, now {}, {});", LIVE + "4-trace350m", "",
+           page=MEASUREMENT, read=lambda: (lambda t: (str(round(int(t[3].replace(",", "")) / 1e6)), t[1], t[2]))(
+               traced("4-trace350m/timeline_offload350m_r2.txt"))),
+    Figure("`ds_config_stage3.json` at 1e9 on 4 ranks, {} against {}.", LIVE + "3-held", "", page=MEASUREMENT,
+           read=lambda: held("live1e9_r4")[::-1]),
+    Figure("these are the biases and LayerNorm weights: {} tensors and {} elements", DEFAULT_33,
+           r'"persistent_tensors": ([1-9]\d*),[\s\S]*?"persistent_elems": (\d+)', lambda t, e: (t, f"{int(e):,}"),
+           page=MEASUREMENT),
+    Figure("4 ranks of the 1.3b model that is {} to {} of the gradients", S1_R4, "", page=MEASUREMENT, read=lambda: (
+        f"{min(d['held_fraction']['grads'] for d in records(S1_R4, 'stage1')):.1%}".removesuffix("%"),
+        f"{max(d['held_fraction']['grads'] for d in records(S1_R4, 'stage1')):.1%}")),
+    Figure("on 4 ranks of 1.3b, {} GiB against {} on the others", S12_R4, "", page=MEASUREMENT, read=lambda: (
+        lambda peaks: (f"{peaks[0]:.2f}", *{f"{p:.2f}" for p in peaks[1:]}))(
+            [step_peak(d) / 2**30 for d in sorted(records(S12_R4, "stage1"), key=lambda d: d["rank"])])),
+    Figure("predicted at {} GiB before it ran, peaked at {} ({})", S1_R4, "", page=MEASUREMENT, read=lambda: (
+        lambda r: (f"{r['predicted_peak_bytes'] / 2**30:.2f}", f"{step_peak(r) / 2**30:.2f}",
+                   f"{r['predicted_peak_bytes'] / step_peak(r) - 1:+.2%}"))(records(S1_R4, "stage1")[0])),
+    Figure("30.40 GB at 1.3b on one H200 against {} GB of host tensors", OFFLOAD_92VQ, "",
+           page=MEASUREMENT, read=lambda: (lambda r: (f"{(r['host_state_bytes'] + r['host_state_breakdown']['other']) / 1e9:.2f}",))(
+               records(OFFLOAD_92VQ, "stage3_offload")[0])),
+    Figure("The process's peak resident set is more: {} GB", OFFLOAD_92VQ, "", page=MEASUREMENT,
+           read=lambda: (f"{step_rss(records(OFFLOAD_92VQ, 'stage3_offload')[0]) / 1e9:.2f}",)),
+    Figure("All {} committed runs at stage 3 that offload the optimizer alone ([h200](../benchmarks/logs/h200/), {} rank "
+           "records,", LOGS + "h200", "", page=MEASUREMENT, read=lambda: offload_host()[:2]),
+    Figure("prefetch caps of 1e8 to 1e9) are within {}, and the five with the parameters offloaded too (1.3b on one rank, "
+           "`h200/36-step-time`, `h200/38-step-time2`) within {} ({} to {} GB, {} predicted).", LOGS + "h200", "",
+           page=MEASUREMENT, read=lambda: offload_host()[2:]),
+    Figure("The 2.7b model on one rank was predicted before it ran: {} GB, {} measured", LOGS + "h200/29-live/5-host", "",
+           page=MEASUREMENT, read=host_2_7b_on_one_rank),
+    Figure("(tiny on 2 rehearsed ranks under DeepSpeed {} to {}, where the workspace is {} to {} of stage 0's peak: "
+           "within {} at stage 3 and {} to {} at stage 0)", OLDEST + "quick", "", page=MEASUREMENT, read=oldest_tiny),
+    Figure("tiny's stage 3 had been predicted {} over ({} GiB against {})", OLDEST + "quick", "", page=MEASUREMENT,
+           read=lambda: (lambda old: (f"{old[1] / old[0] - 1:.0%}", f"{old[1] / 1024:.2f}", f"{old[0] / 1024:.2f}"))(
+               [float(cell(OLDEST + "quick/quick-0.19.3/20261201-141838-YAOB", row, "stage3").removesuffix(" MiB"))
+                for row in ("peak memory", "  estimated")])),
+    Figure("2.7b on 4) were within {} on every rank", LOGS + "h200/32-s12", "", page=MEASUREMENT, read=held_out_stage_1),
+    Figure("counts 18 bytes per partition element, {}–{} above the measurement at stages 1 to 3 on the 1.3b model",
+           LOGS + ALL_STAGES_4, "", page=MEASUREMENT, read=lambda: (lambda over: (f"{min(over):.0%}".removesuffix("%"),
+               f"{max(over):.0%}"))([float(cell(LOGS + ALL_STAGES_4, "  DeepSpeed estimator", run).removesuffix(" GiB"))
+                                     / float(cell(LOGS + ALL_STAGES_4, "model states", run).removesuffix(" GiB")) - 1
+                                     for run in ("stage1", "stage2", "stage3")])),
+    Figure("12 bytes a logit: within {} of an H200 at {} and {}, micro batch {} to {}, {} and {}",
+           LOGS + "h200/31-suite/probe/output_layer.jsonl", "", page=MEASUREMENT, read=output_layer_probe),
+    Figure("keeps ({} GB at 1.3b, {} to {} measured between the two offload configs' resident sets when the engine is "
+           "ready, in the three pairs of runs", LOGS + "h200/36-step-time", "", page=MEASUREMENT, read=offloaded_weights),
+    Figure("the 350m model offloaded on one rank ({} GiB predicted against {},", OFFLOAD_350M, "", page=MEASUREMENT,
+           read=lambda: (cell(OFFLOAD_350M, "  estimated", "stage3_offload"), cell(OFFLOAD_350M, "peak memory", "stage3_offload"))),
+    # docs/training-recipe.md
+    Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
+           r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
+           lambda a, b: (f"{float(a) / float(b):.1f}x", f"{float(a):.1f}", f"{float(b):.1f}"), page=RECIPE),
+    Figure("rose alike at both stages ({}, {}, {} on 2 rehearsed ranks of an H200", RECIPE_FP16 + "/report.txt",
+           r"stage 0 ([\d.]+) -> ([\d.]+) -> ([\d.]+);", page=RECIPE),
+    Figure("it trailed stage 3 by {} at step 3", LOGS + "h200/26-off-default/2-probe/fp16_p12_r2.txt",
+           r"stage 0 [\d.]+ -> [\d.]+ -> ([\d.]+); stage 3 [\d.]+ -> [\d.]+ -> ([\d.]+);",
+           lambda s0, s3: (f"{float(s0) / float(s3) - 1:.0%}",), page=RECIPE),
+    Figure("the first update at stage 0 moved the weight matrices {} as far as at stage 1", LOGS + "cpu/priming-step.txt",
+           r"^stage 0 keeping the priming step: .* ([\d.]+) of lr$", page=RECIPE),
+    Figure("differed by {} at step 2 ({} against {};", STAGES0123 + "/report.txt",
+           r"stage 0 [\d.]+ -> ([\d.]+) -> [\d.]+; stage 3 [\d.]+ -> ([\d.]+) ->",
+           lambda s0, s3: (f"{1 - float(s0) / float(s3):.0%}", s0, s3), page=RECIPE),
+    Figure("with the fix they agree to {} at every step", LOGS + "h200x2/10-final/sweep/report.txt", "", page=RECIPE,
+           read=lambda: (max(re.findall(r"the stages agree to ([\d.]+%) at every step",
+                                        (ROOT / LOGS / "h200x2/10-final/sweep/report.txt").read_text()),
+                       key=lambda v: float(v[:-1])),)),
+    Figure("At 1e-5 the 1.3b loss rose at step 2 ({} → {})", STAGES0123 + "/report.txt",
+           r"stage 3 ([\d.]+) -> ([\d.]+) ->", page=RECIPE),
+    Figure("made bf16 rise at step 3 on 2 GPUs ({} → {})", RECIPE_2GPUS + "/20261130-133806-hn0t/report.txt",
+           r"stage 0 [\d.]+ -> ([\d.]+) -> ([\d.]+);", page=RECIPE),
+    Figure("| checkpointing on (default) | {}, {} GiB | {}, {} GiB |", RECIPE_2GPUS + "/20261130-133806-hn0t/report.txt",
+           PEAK_PAIR, lambda p0, p3, t0, t3: (t0, p0, t3, p3), page=RECIPE),
+    Figure("| `--no-checkpoint` | {}, {} GiB | {}, {} GiB |", RECIPE_2GPUS + "/20261130-133930-37Ih/report.txt",
+           PEAK_PAIR, lambda p0, p3, t0, t3: (t0, p0, t3, p3), page=RECIPE),
+    Figure("It cost stage 3 {} of its tokens/s and stage 0 {}.", RECIPE_2GPUS, "", page=RECIPE, read=checkpoint_cost),
 ]
 
 HF_RUNS = sorted(p.parent for folder in ("39-hf", "41-hf-rest")
