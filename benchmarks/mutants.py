@@ -31,20 +31,28 @@ TIMEOUT_S = 30
 
 # module -> its fast tests (the files that exercise it), the most killing first as -x stops at the first failure
 # (test_bad_input.py's --check cases and test_sharding.py also read the prediction, but cost 4 s a mutant more)
-ACCOUNTING = ["tests/test_golden.py", "tests/test_accounting.py", "tests/test_stages.py"]
-VERDICT = ["tests/test_golden.py", "tests/test_verdict.py", "tests/test_faults.py", "tests/test_summary.py",
-           "tests/test_verdict_off_default.py", "tests/test_training.py"]
+EDGES = ["tests/test_edges.py"]  # the pure modules' edges, each test written against a survivor: fast, first
+ACCOUNTING = EDGES + ["tests/test_golden.py", "tests/test_accounting.py", "tests/test_stages.py"]
+VERDICT = EDGES + ["tests/test_golden.py", "tests/test_verdict.py", "tests/test_faults.py", "tests/test_summary.py",
+                   "tests/test_verdict_off_default.py", "tests/test_training.py"]
+PLAN = EDGES + ["tests/test_plan.py", "tests/test_plan_inputs.py"]
 TARGETS = {
     "zero3bench.accounting.predict": ACCOUNTING + ["tests/test_plan.py"],
     "zero3bench.accounting.moments": ACCOUNTING,
     "zero3bench.accounting.memory": ACCOUNTING + ["tests/test_plan.py"],
-    "zero3bench.accounting.traffic": ["tests/test_comms.py", "tests/test_plan.py", "tests/test_golden.py"],
+    "zero3bench.accounting.activations": ACCOUNTING,
+    "zero3bench.accounting.coordinator": ACCOUNTING,
+    "zero3bench.accounting.host": ACCOUNTING,
+    "zero3bench.accounting.shapes": ACCOUNTING + ["tests/test_plan.py"],
+    "zero3bench.accounting.timing": PLAN,
+    "zero3bench.accounting.traffic": EDGES + ["tests/test_comms.py", "tests/test_plan.py", "tests/test_golden.py"],
     "zero3bench.reporting.verdict": VERDICT,
     "zero3bench.reporting.bounds": VERDICT,
     "zero3bench.reporting.losses": VERDICT,
-    "plan": ["tests/test_plan.py"],
-    "zero3bench.planning.inputs": ["tests/test_plan.py", "tests/test_plan_inputs.py"],
-    "zero3bench.planning.cluster": ["tests/test_plan.py", "tests/test_plan_inputs.py"],
+    "plan": PLAN,
+    "zero3bench.planning.inputs": PLAN,
+    "zero3bench.planning.cluster": PLAN,
+    "zero3bench.planning.steptime": PLAN,
 }
 SLOWEST_S = 5.0
 
