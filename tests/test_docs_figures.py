@@ -417,6 +417,146 @@ def offloaded_weights() -> tuple:
 
 OFFLOAD_350M = LOGS + "h200/27-suite-matrix/2-probe2/results/offload_350m/20261202-023617-Q4OC"
 
+
+def today_terms(r, zero=None):
+    """A rank record's memory terms as today's code predicts them, with zero its config (the recorded one if None)."""
+    from zero3bench.accounting.memory import rank_memory
+    shape = result.shape_of(r)
+    return rank_memory(r.run, shape, finishing.counted(r, shape), r.zero_config or {} if zero is None else zero,
+                       finishing.seat(r))
+
+
+def workspace_fit() -> tuple:
+    """cuBLAS's workspace as fitted on 24-peaks: each rank's memory allocated after its last step less the states and
+    buffers that today's prediction holds throughout, the least and the most in MB."""
+    left = [r.steps[-1].memory.allocated_bytes - (m.held - m.workspace)
+            for summary in sorted((ROOT / LOGS / "h200/24-peaks").glob("**/summary.json"))
+            for ranks in json.loads(summary.read_text())["results"].values()
+            for r in map(result.RankResult.from_dict, ranks) if r.steps for m in [today_terms(r)]]
+    assert len(left) == 48
+    return f"{min(left) / 1e6:.1f}", f"{max(left) / 1e6:.1f}"
+
+
+def todays_config(stage: int) -> dict:
+    """The zero_optimization section of the stage's config as it is today."""
+    from zero3bench import stages
+    return json.loads(stages.config_path(stage).read_text())["zero_optimization"]
+
+
+def all_reduce_copy() -> tuple:
+    """Stage 0 in fp32 on 2 H200s (10-final): the all-reduce's flat copy, its share of the peak, and the prediction's
+    miss without it."""
+    import dataclasses
+    from test_accounting import committed, training_peak
+    [r, *_] = committed(FP32_STAGE0 + "/summary.json", "stage0")
+    m = today_terms(r, todays_config(0))
+    without = dataclasses.replace(m, reduction=0).peak / training_peak(r) - 1
+    return (f"{m.reduction / 1e9:.2f}", f"{m.reduction / training_peak(r):.1%}",
+            f"{without:+.1%}".replace("-", "−"))
+
+
+def above_backwards_start() -> tuple:
+    """Stages 1 and 2 at 4 rehearsed ranks without checkpointing (all-stages-4ranks): the measured peak above
+    backward's start as today's code predicts it with today's configs, in GB, the same on every rank."""
+    from test_accounting import committed, training_peak
+    found = []
+    for run, stage in (("stage1", 1), ("stage2", 2)):
+        above = set()
+        for r in committed(ALL_STAGES_4 + "/summary.json", run):
+            m = today_terms(r, todays_config(stage))
+            above.add(training_peak(r) - (m.held + m.start_gathered + m.saved_weights + m.activations + m.backward_buckets))
+        assert len(above) == 1, above
+        found.append(f"{above.pop() / 1e9:.2f}")
+    return tuple(found)
+
+
+def reductions_traced() -> tuple:
+    """Stage 3's reductions in backward at a 1e8 cap as traced (tests/test_accounting.py's REDUCTION_TRACES), and the
+    moment that predicts them: its miss on 2 ranks offloaded (29-live/2-cap) and on 8 (35-trace)."""
+    import dataclasses
+    from zero3bench.accounting.memory import Seat, rank_memory
+    misses = []
+    for log in (ROOT / LIVE / "2-cap/timeline_offload_live1e8.txt", ROOT / LOGS / "h200/35-trace/timeline_stage3_r8.txt"):
+        summary = (log.parent / "timeline" / f"{log.stem.removeprefix('timeline_')}_summary.txt").read_text()
+        traced = max(float(line.split(" GiB")[0]) for line in summary.splitlines()[2:]
+                     if "and _DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads" in line)
+        lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
+        r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
+        shape = result.shape_of(r)
+        m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.shards.local_param_elems),
+                        r.zero_config, Seat(r.world_size))
+        misses.append(f"{(m.held + m.gathered + m.scatter) / 2**30 / traced - 1:+.1%}")
+    return tuple(misses)
+
+
+def cpu_adam_grads_against_census() -> tuple:
+    """The CPU optimizer's fp32 gradients, 4 bytes a partition element, against the census's other host tensors, in
+    each offload record of 5-stages-offload-cap: the most bytes apart."""
+    apart = [abs(d["host_state_breakdown"]["other"] - 4 * d["local_param_elems"])
+             for summary in (ROOT / LOGS / "h200/5-stages-offload-cap").glob("**/summary.json")
+             for ranks in json.loads(summary.read_text())["results"].values() for d in ranks
+             if d.get("host_state_breakdown")]
+    assert len(apart) == 10
+    return str(max(apart)),
+
+
+def output_layer_350m_mb2() -> tuple:
+    """benchmarks/output_layer_probe.py on an H200 (30-steady/1-probe): 350m at micro batch 2 in bf16, measured and
+    as the term of its day counted it, in MB."""
+    [case] = [c for c in map(json.loads, (ROOT / LOGS / "h200/30-steady/1-probe/output_layer.jsonl").read_text()
+                             .splitlines()) if (c["preset"], c["micro_batch"], c["dtype"]) == ("350m", 2, "bf16")]
+    return f"{case['measured_bytes'] / 1e6:.0f}", f"{case['predicted_bytes'] / 1e6:.0f}"
+
+
+def prefetch_cases() -> tuple:
+    """moments.gathered_ahead against DeepSpeed's coordinator in benchmarks/logs/cpu/prefetch's cases on 2 CPU ranks:
+    the largest miss, the cases, and those it gets exactly."""
+    from test_accounting import gpt_block_matrices, prefetch_probes
+    from zero3bench.accounting import moments
+    misses = []
+    for p in prefetch_probes("*.json").values():
+        zero, d_model = p["zero"], round((p["block"] / 12) ** 0.5)
+        twelfths = moments.prefetched_twelfths(zero["stage3_prefetch_bucket_size"], gpt_block_matrices(d_model))
+        ahead = moments.gathered_ahead(p["layers"], p["block"], p["root"], p["layers"] * p["block"] + p["root"],
+                                       zero["stage3_max_live_parameters"], twelfths)
+        misses.append(ahead / p["peak"] - 1)
+    return f"{max(map(abs, misses)):.1%}", str(len(misses)), str(sum(m == 0 for m in misses))
+
+
+def allocator_reserve() -> tuple:
+    """What the allocator reserved beyond MemoryTerms.reserved, the most over every committed H200 run that records
+    its config (tests/test_plan.py), and over the original design's config, which that test leaves out."""
+    from test_accounting import records as rank_records
+    from zero3bench.reporting.theory import predictable
+    worst = {False: 0, True: 0}
+    for _, r in rank_records(ROOT / LOGS):
+        if predictable(r):
+            beyond = max(s.memory.peak_reserved_bytes for s in r.steps) - today_terms(r).reserved
+            original = "_original" in r.run.config
+            worst[original] = max(worst[original], beyond)
+    return f"{worst[False] / 2**30:.2f}", f"{worst[True] / 2**30:.2f}"
+
+
+ERROR = r" ([-+][\d.]+)% \|$"
+
+
+def step_check() -> tuple:
+    """plan_step_check.py from the calibrating run at micro batch 2 (its first table): the runs and the largest error."""
+    table = (ROOT / LOGS / "plan/step-check-18aea3b.txt").read_text().split("\nworst ")[0]
+    errors = [abs(float(e)) for e in re.findall(r"^\| \w+ \| \w+ \| \d+ \| o[nf]f? \| \w+ \| [\d.]+ \| [\d.]+ \|" + ERROR,
+                                                 table, re.M)]
+    return str(len(errors)), f"{max(errors):.1f}%"
+
+
+def two_gpus() -> tuple:
+    """plan_two_gpus.py's rows over both calibrating runs: the largest error at micro batch 16, and the least and the
+    most at micro batch 2."""
+    rows = re.findall(r"^\| \S+ \| \w+ \| (\d+) \| o[nf]f? \| [\d.]+ / [\d.]+ \| [\d.]+ \|" + ERROR,
+                      (ROOT / LOGS / "plan/two-gpus-f5a2c43.txt").read_text(), re.M)
+    assert len(rows) == 18
+    at = lambda mb: [abs(float(e)) for b, e in rows if b == mb]
+    return f"{max(at('16')):.1f}%", f"{min(at('2')):.1f}%", f"{max(at('2')):.1f}%"
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -567,6 +707,31 @@ DOCS = [
            "ready, in the three pairs of runs", LOGS + "h200/36-step-time", "", page=MEASUREMENT, read=offloaded_weights),
     Figure("the 350m model offloaded on one rank ({} GiB predicted against {},", OFFLOAD_350M, "", page=MEASUREMENT,
            read=lambda: (cell(OFFLOAD_350M, "  estimated", "stage3_offload"), cell(OFFLOAD_350M, "peak memory", "stage3_offload"))),
+    Figure("predicted states and buffers was {} to {} MB)", LOGS + "h200/24-peaks", "", page=MEASUREMENT, read=workspace_fit),
+    Figure("in fp32 at 1.3b {} GB, {} of the peak", LOGS + FP32_STAGE0, "", page=MEASUREMENT,
+           read=lambda: all_reduce_copy()[:2]),
+    Figure("({} without the all-reduce's copy) |", LOGS + FP32_STAGE0, "", page=MEASUREMENT,
+           read=lambda: all_reduce_copy()[2:]),
+    Figure("{} GB above backward's start as predicted at stage 1 and {} GB at stage 2", LOGS + ALL_STAGES_4, "",
+           page=MEASUREMENT, read=above_backwards_start),
+    Figure("Predicted {} and {} over the reductions traced on 2 and 8 ranks", LOGS + "h200/35-trace", "",
+           page=MEASUREMENT, read=reductions_traced),
+    Figure("within {} bytes of the census in each offload run of", LOGS + "h200/5-stages-offload-cap", "",
+           page=MEASUREMENT, read=cpu_adam_grads_against_census),
+    Figure("measures {} MB above what the rank held before the logits", LOGS + "h200/30-steady/1-probe/output_layer.jsonl",
+           "", page=MEASUREMENT, read=lambda: output_layer_350m_mb2()[:1]),
+    Figure("and the term had counted {} MB", LOGS + "h200/30-steady/1-probe/output_layer.jsonl", "", page=MEASUREMENT,
+           read=lambda: output_layer_350m_mb2()[1:]),
+    Figure("within {} in all {} cases, {} of them exact)", LOGS + "cpu/prefetch", "", page=MEASUREMENT,
+           read=prefetch_cases),
+    Figure("its config, {} GiB for the 2.7b model at stage 2 on 4 rehearsed ranks", LOGS + "h200/32-s12/results/s12_2.7b_r4",
+           "", page=MEASUREMENT, read=lambda: allocator_reserve()[:1]),
+    Figure("buckets, reserved up to {} GiB beyond", LOGS + "h200/28-suite-matrix/2-batch/results/original_design", "",
+           page=MEASUREMENT, read=lambda: allocator_reserve()[1:]),
+    Figure("At world 1 the {} committed runs are planned within {}", LOGS + "plan/step-check-18aea3b.txt", "",
+           page=MEASUREMENT, read=step_check),
+    Figure("where the GPU holds the step, are within {}; at micro batch 2 the host holds it, and that machine's host was "
+           "faster: planned {} to {} too long", LOGS + "plan/two-gpus-f5a2c43.txt", "", page=MEASUREMENT, read=two_gpus),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
