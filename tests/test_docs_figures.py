@@ -193,6 +193,77 @@ def compiled_against_eager() -> tuple:
     return at_step_3("20261130-152833-lZ0F/stage3.log"), at_step_3("20261130-153023-7VRY/stage3_subgroup1e8.log")
 
 
+def table_cell(path: str, row: str, run: str) -> str:
+    """One figure of the first report table in a run.sh output or report: its row's value in the run's column."""
+    lines = (ROOT / path).read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("-----"))
+    runs = lines[at - 1].split()
+    [line] = [line for line in lines[at:] if re.match(re.escape(row) + r" {2,}", line)][:1]
+    return re.split(r" {2,}", line.strip())[1:][runs.index(run)].removesuffix(" GiB")
+
+
+def gib_apart(a: str, b: str) -> str:
+    return f"{float(a) - float(b):.2f}"
+
+
+def host_work_per_step() -> tuple:
+    """Eager stage 3's step time above FSDP2's at run.sh's default, in 15-final5 and 11-deepcompile-mb2."""
+    return tuple(f"{float(cell(d, 'step time s', 'stage3')) - float(cell(d, 'step time s', 'fsdp2')):.2f}"
+                 for d in (EAGER_MB2, DC_MB2_PEER))
+
+
+def plain_linear() -> tuple:
+    """Stage 3 against FSDP2 at micro batch 2 with the first comparison's config (3-final's combined call, 1-peer),
+    and with torch's linear layer (5-levers, 6-fast-sharding)."""
+    first = sorted(ratio(table_cell(f, "tokens/s", "stage3"), table_cell(f, "tokens/s", "fsdp2"))
+                   for f in (F2 + "3-final/combined/mb2/report.txt", F2 + "1-peer/mb2.txt"))
+    plain = sorted(ratio(table_cell(f, "tokens/s", "stage3_plain"), table_cell(f, "tokens/s", "fsdp2"))
+                   for f in (F2 + "5-levers/mb2.txt", F2 + "6-fast-sharding/mb2.txt"))
+    return first[0][:-1], first[1], plain[0][:-1], plain[1]
+
+
+def linear_without_checkpointing() -> tuple:
+    """Stage 3's peak without checkpointing, 9-final4's config against the first comparison's (3-final), at micro
+    batch 2 and 16: the same GiB apart."""
+    mb2 = re.search(r"^peak memory +- +([\d.]+) GiB", (ROOT / F2 / "3-final/r/mb2_no_checkpoint/summary.md").read_text(),
+                    re.M).group(1)
+    apart = {gib_apart(cell(F2 + "9-final4/r/20261130-182358-caAY", "peak memory", "stage3"), mb2),
+             gib_apart(cell(F2 + "9-final4/r/20261130-182236-p8JO", "peak memory", "stage3"),
+                       cell(F2 + "3-final/r/mb16_no_checkpoint", "peak memory", "stage3"))}
+    assert len(apart) == 1, apart
+    return tuple(apart)
+
+
+def fast_sharding_losses() -> tuple:
+    """The runs with fast sharding (6-fast-sharding's *fs*, 7-final-fast-sharding's stage 3): the most their
+    first-step loss and any loss moved from the reference's (stage 0's where it ran, else FSDP2's)."""
+    first, any_step = [], []
+    for summary in sorted([*(ROOT / F2).glob("6-fast-sharding/r/*/summary.json"),
+                           *(ROOT / F2).glob("7-final-fast-sharding/r/*/summary.json")]):
+        results = json.loads(summary.read_text())["results"]
+        reference = results.get("stage0", results["fsdp2"])[0]["losses"]
+        for name, ranks in results.items():
+            if "fs" in name.removeprefix("fsdp2") or "7-final" in str(summary) and name == "stage3":
+                losses = ranks[0]["losses"]
+                first.append(abs(losses[0] / reference[0] - 1))
+                any_step.append(max(abs(a / b - 1) for a, b in zip(losses, reference)))
+    assert len(first) == 9
+    return f"{max(first):.1%}", f"{max(any_step):.0%}"
+
+
+def engine_start() -> tuple:
+    """The engine's start (ready_s) of DeepCompile's five runs, and of eager stage 3 at run.sh's default
+    (15-final5's and 11-deepcompile-mb2's), the least and the most, in seconds."""
+    def ready(globs, run):
+        return [d["ready_s"] for g in globs for s in (ROOT / F2).glob(g + "/r/*/summary.json")
+                for name, ranks in json.loads(s.read_text())["results"].items() if name == run for d in ranks]
+    compiled = ready(("10-deepcompile", "11-deepcompile-mb2", "16-deepcompile-peer", "18-repeat-mb16", "19-repeat-mb2"),
+                     "stage3_deepcompile")
+    eager = ready(("15-final5", "11-deepcompile-mb2"), "stage3")
+    assert len(compiled) == 10 and len(eager) == 10
+    return tuple(f"{s:.0f}" for s in (min(compiled), max(compiled), min(eager), max(eager)))
+
+
 RUNNING = "docs/running.md"
 OFFLOAD_FIRST, OFFLOAD_FINAL = LOGS + "h200/5-stages-offload-cap/offload-1rank", LOGS + "h200/6-final-1gpu/stages-0-3-offload"
 
@@ -595,6 +666,32 @@ DOCS = [
            read=lambda: (cell(DC_MB2, "peak memory", "stage3_deepcompile"), cell(EAGER_MB2, "peak memory", "stage3"))),
     Figure("at step 3 its loss was {} where eager stage 3's was {} (", F2 + "2-levers", "", page=FSDP2_PAGE,
            read=compiled_against_eager),
+    Figure("at run.sh's default {} and {} s a step more than FSDP2 in two calls", EAGER_MB2, "", page=FSDP2_PAGE,
+           read=host_work_per_step),
+    Figure("that took stage 3 from {}–{} of FSDP2's tokens/s to {}–{}", F2 + "5-levers/mb2.txt", "", page=FSDP2_PAGE,
+           read=plain_linear),
+    Figure("Without checkpointing it costs {} GiB at micro batch 2 and 16 alike", F2 + "9-final4/r", "", page=FSDP2_PAGE,
+           read=linear_without_checkpointing),
+    Figure("stage 3 ran at {} stage 0's tokens/s at micro batch 2", LOGS + "h200x2/stages0123-2gpus/report.txt",
+           r"^tokens/s +([\d,]+) +[\d,]+ +[\d,]+ +([\d,]+)$", lambda s0, s3: (ratio(s3, s0),), page=FSDP2_PAGE),
+    Figure("and {} at micro batch 32 ({} MFU)", LOGS + "h200x2/run_2gpus_mb32.txt",
+           r"^tokens/s +([\d,]+) +([\d,]+) .*\n^MFU +[\d.]+% +([\d.]+%)", lambda s0, s3, mfu: (ratio(s3, s0), mfu),
+           page=FSDP2_PAGE),
+    Figure("at run.sh's default it comes within {} GiB", EAGER_MB2, "", page=FSDP2_PAGE,
+           read=lambda: (gib_apart(cell(EAGER_MB2, "peak memory", "stage3"), cell(EAGER_MB2, "peak memory", "fsdp2")),)),
+    Figure("and bf16 gradient partition ({} GiB here)", EAGER_MB2, "", page=FSDP2_PAGE, read=lambda: (
+        lambda b: (f"{(b['params'] + b['grads']) / 2**30:.2f}",))(records(EAGER_MB2, "stage3")[0]["model_state_breakdown"])),
+    Figure("a time instead of the whole partition: {}–{} GiB less", F2 + "5-levers/mb2.txt", "", page=FSDP2_PAGE,
+           read=lambda: tuple(sorted(gib_apart(table_cell(f, "peak memory", a), table_cell(f, "peak memory", b))
+                                     for f, a, b in ((F2 + "5-levers/mb2.txt", "stage3_p0", "stage3_p0sg"),
+                                                     (F2 + "6-fast-sharding/mb2.txt", "stage3_plainfs", "stage3_plainfssg"))))),
+    Figure("at most 1e8 elements gathered ahead: {} GiB less with checkpointing", F2 + "14-live/mb2.txt",
+           r"--stage 3 --steps 8\n[\s\S]*?Rank 0 peak memory: ([\d.]+) GiB[\s\S]*?--config ds_config_stage3_live1e8.json "
+           r"--steps 8\n[\s\S]*?Rank 0 peak memory: ([\d.]+) GiB", lambda a, b: (gib_apart(a, b),), page=FSDP2_PAGE),
+    Figure("After an engine start of {} to {} s ({} to {} s eager at run.sh's default", F2 + "15-final5", "", page=FSDP2_PAGE,
+           read=engine_start),
+    Figure("by up to {}, and later losses by up to {}", F2 + "6-fast-sharding/r", "", page=FSDP2_PAGE,
+           read=fast_sharding_losses),
     # docs/running.md
     Figure("it changed the losses ({} against {} at step 3;", F2 + "2-levers", "", page=RUNNING,
            read=compiled_against_eager),
