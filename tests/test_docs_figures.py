@@ -716,6 +716,13 @@ DOCS = [
                                          .read_text(), re.M).group(1)))))),
     Figure("at a load of {} from other work (`benchmarks/launchers.sh`); {} s at a load of {}", LOGS + "cpu/launchers", "",
            page=RUNNING, read=launch_loads),
+    Figure("whose gloo steps took {} to {} s", LOGS + "h200/21-verdict/2-warm/interrupt_default.txt", "", page=RUNNING,
+           read=lambda: (lambda times: (f"{min(times):.1f}", f"{max(times):.1f}"))([float(s) for s in re.findall(
+               r"step \d+/\d+ .* time ([\d.]+)s", (ROOT / LOGS / "h200/21-verdict/2-warm/interrupt_default.txt").read_text())])),
+    Figure("(a JIT build, once: {} s on an H200's host", LOGS + "h200/5-stages-offload-cap/cpu_adam_prebuild.log",
+           r"^real\t0m([\d.]+)s$", lambda s: (str(round(float(s))),), page=RUNNING),
+    Figure("here stage 3's from 2 CPU processes ([readme-fresh-clone-871a90d.txt](../{})): ``` {} ```", CPU_CI,
+           r"^== stage3:[\s\S]*?^(\[ *[\d.]+s\] step 2/3 .*)$", lambda line: (CPU_CI, line), page=RUNNING),
     Figure("DeepSpeed's CPU all-reduce maps a {} MiB buffer per rank", LOGS + "cpu/shm-buffers.txt",
            r" (\d+) \w+ +\d+ [\d:]+ deepspeed_allreduce_buffer_", lambda b: (f"{int(b) / 2**20:.0f}",), page=RUNNING),
     # docs/layout.md
