@@ -628,6 +628,35 @@ def two_gpus() -> tuple:
     at = lambda mb: [abs(float(e)) for b, e in rows if b == mb]
     return f"{max(at('16')):.1f}%", f"{min(at('2')):.1f}%", f"{max(at('2')):.1f}%"
 
+HELD_OUT_FAMILIES = LOGS + "cpu/hf-heldout/families-a34cad9.txt"
+FAMILY_NAMES = {"gpt2": "GPT-2", "mixtral": "Mixtral", "bloom": "Bloom", "qwen3": "Qwen3", "gemma2": "Gemma2",
+                "phi3": "Phi-3", "qwen2_moe": "Qwen2-MoE"}
+NUMBER_WORDS = dict(enumerate(("No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",
+                               "Eleven", "Twelve")))
+
+
+def held_out_families() -> tuple:
+    """benchmarks/heldout_families.py's runs through run.sh: each `== name[:seed]: exit 0` header followed by its
+    `VERDICT: PASS`, counted and named as the page names them (seeds, and the Qwen2-MoE with a wide shared expert)."""
+    text = (ROOT / HELD_OUT_FAMILIES).read_text()
+    runs = re.findall(r"^== (\w+)(?::(\d+))?: exit 0\n(?:(?!== ).*\n)*?VERDICT: PASS$", text, re.M)
+    assert len(runs) == text.count("\n== ") == text.count("VERDICT: ")
+    seeds = {}
+    for name, seed in runs:
+        seeds.setdefault(name.removesuffix("_wide"), []).append(int(seed or 0))
+    wide = json.loads((ROOT / LOGS / "cpu/hf-heldout/qwen2_moe_wide.json").read_text())["shared_expert_intermediate_size"]
+    named = []
+    for name, found in seeds.items():
+        if len(found) > 1 and name == "gpt2":
+            named.append(f"{FAMILY_NAMES[name]} at seeds {', '.join(map(str, found[:-1]))} and {found[-1]}")
+        elif len(found) > 1:
+            named.append(f"{NUMBER_WORDS[len(found)].lower()} {FAMILY_NAMES[name]}, one with transformers' {wide}-wide "
+                         f"shared expert")
+        else:
+            named.append(FAMILY_NAMES[name])
+    return NUMBER_WORDS[len(runs)], ", ".join(named[:-1]) + " and " + named[-1]
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -725,6 +754,9 @@ DOCS = [
            r"^== stage3:[\s\S]*?^(\[ *[\d.]+s\] step 2/3 .*)$", lambda line: (CPU_CI, line), page=RUNNING),
     Figure("DeepSpeed's CPU all-reduce maps a {} MiB buffer per rank", LOGS + "cpu/shm-buffers.txt",
            r" (\d+) \w+ +\d+ [\d:]+ deepspeed_allreduce_buffer_", lambda b: (f"{int(b) / 2**20:.0f}",), page=RUNNING),
+    # docs/hugging-face.md
+    Figure("{} tiny configs of families this code was not written for ({}) PASS through run.sh on 2 CPU ranks",
+           HELD_OUT_FAMILIES, "", page="docs/hugging-face.md", read=held_out_families),
     # docs/layout.md
     Figure("Over the test suite it found {} values outside their hints at a4e63fc", TYPES + "hints-runtime-a4e63fc.txt",
            r"^(\d+) distinct values outside their hints", page="docs/layout.md"),
