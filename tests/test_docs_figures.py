@@ -252,8 +252,8 @@ def fast_sharding_losses() -> tuple:
 
 
 def engine_start() -> tuple:
-    """The engine's start (ready_s) of DeepCompile's five runs, and of eager stage 3 at run.sh's default
-    (15-final5's and 11-deepcompile-mb2's), the least and the most, in seconds."""
+    """The engine's start (ready_s) of DeepCompile's five runs, and of eager stage 3 with today's config (15-final5's
+    four runs and 11-deepcompile-mb2's), the least and the most, in seconds."""
     def ready(globs, run):
         return [d["ready_s"] for g in globs for s in (ROOT / F2).glob(g + "/r/*/summary.json")
                 for name, ranks in json.loads(s.read_text())["results"].items() if name == run for d in ranks]
@@ -695,8 +695,8 @@ DOCS = [
            read=lambda: (cell(DC_MB2, "peak memory", "stage3_deepcompile"), cell(EAGER_MB2, "peak memory", "stage3"))),
     Figure("at step 3 its loss was {} where eager stage 3's was {} (", F2 + "2-levers", "", page=FSDP2_PAGE,
            read=compiled_against_eager),
-    Figure("at run.sh's default {} and {} s a step more than FSDP2 in two calls", EAGER_MB2, "", page=FSDP2_PAGE,
-           read=host_work_per_step),
+    Figure("at run.sh's default {} and {} s a step more than FSDP2, which handles one flat buffer per block (two "
+           "calls: 15-final5, 11-deepcompile-mb2)", EAGER_MB2, "", page=FSDP2_PAGE, read=host_work_per_step),
     Figure("that took stage 3 from {}–{} of FSDP2's tokens/s to {}–{}", F2 + "5-levers/mb2.txt", "", page=FSDP2_PAGE,
            read=plain_linear),
     Figure("Without checkpointing it costs {} GiB at micro batch 2 and 16 alike", F2 + "9-final4/r", "", page=FSDP2_PAGE,
@@ -717,7 +717,7 @@ DOCS = [
     Figure("at most 1e8 elements gathered ahead: {} GiB less with checkpointing", F2 + "14-live/mb2.txt",
            r"--stage 3 --steps 8\n[\s\S]*?Rank 0 peak memory: ([\d.]+) GiB[\s\S]*?--config ds_config_stage3_live1e8.json "
            r"--steps 8\n[\s\S]*?Rank 0 peak memory: ([\d.]+) GiB", lambda a, b: (gib_apart(a, b),), page=FSDP2_PAGE),
-    Figure("After an engine start of {} to {} s ({} to {} s eager at run.sh's default", F2 + "15-final5", "", page=FSDP2_PAGE,
+    Figure("After an engine start of {} to {} s ({} to {} s eager, in 15-final5 and 11-deepcompile-mb2)", F2 + "15-final5", "", page=FSDP2_PAGE,
            read=engine_start),
     Figure("by up to {}, and later losses by up to {}", F2 + "6-fast-sharding/r", "", page=FSDP2_PAGE,
            read=fast_sharding_losses),
