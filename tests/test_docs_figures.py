@@ -613,9 +613,11 @@ ERROR = r" ([-+][\d.]+)% \|$"
 
 def step_check() -> tuple:
     """plan_step_check.py from the calibrating run at micro batch 2 (its first table): the runs and the largest error."""
-    table = (ROOT / LOGS / "plan/step-check-18aea3b.txt").read_text().split("\nworst ")[0]
+    text = (ROOT / LOGS / "plan/step-check-18aea3b.txt").read_text()
+    table = text.split("\nworst ")[0]
     errors = [abs(float(e)) for e in re.findall(r"^\| \w+ \| \w+ \| \d+ \| o[nf]f? \| \w+ \| [\d.]+ \| [\d.]+ \|" + ERROR,
                                                  table, re.M)]
+    assert f"worst {max(errors):.1f}% over {len(errors)} runs" in text  # the table's rows make the log's own summary
     return str(len(errors)), f"{max(errors):.1f}%"
 
 
