@@ -193,6 +193,77 @@ def compiled_against_eager() -> tuple:
     return at_step_3("20261130-152833-lZ0F/stage3.log"), at_step_3("20261130-153023-7VRY/stage3_subgroup1e8.log")
 
 
+def table_cell(path: str, row: str, run: str) -> str:
+    """One figure of the first report table in a run.sh output or report: its row's value in the run's column."""
+    lines = (ROOT / path).read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("-----"))
+    runs = lines[at - 1].split()
+    [line] = [line for line in lines[at:] if re.match(re.escape(row) + r" {2,}", line)][:1]
+    return re.split(r" {2,}", line.strip())[1:][runs.index(run)].removesuffix(" GiB")
+
+
+def gib_apart(a: str, b: str) -> str:
+    return f"{float(a) - float(b):.2f}"
+
+
+def host_work_per_step() -> tuple:
+    """Eager stage 3's step time above FSDP2's at run.sh's default, in 15-final5 and 11-deepcompile-mb2."""
+    return tuple(f"{float(cell(d, 'step time s', 'stage3')) - float(cell(d, 'step time s', 'fsdp2')):.2f}"
+                 for d in (EAGER_MB2, DC_MB2_PEER))
+
+
+def plain_linear() -> tuple:
+    """Stage 3 against FSDP2 at micro batch 2 with the first comparison's config (3-final's combined call, 1-peer),
+    and with torch's linear layer (5-levers, 6-fast-sharding)."""
+    first = sorted(ratio(table_cell(f, "tokens/s", "stage3"), table_cell(f, "tokens/s", "fsdp2"))
+                   for f in (F2 + "3-final/combined/mb2/report.txt", F2 + "1-peer/mb2.txt"))
+    plain = sorted(ratio(table_cell(f, "tokens/s", "stage3_plain"), table_cell(f, "tokens/s", "fsdp2"))
+                   for f in (F2 + "5-levers/mb2.txt", F2 + "6-fast-sharding/mb2.txt"))
+    return first[0][:-1], first[1], plain[0][:-1], plain[1]
+
+
+def linear_without_checkpointing() -> tuple:
+    """Stage 3's peak without checkpointing, 9-final4's config against the first comparison's (3-final), at micro
+    batch 2 and 16: the same GiB apart."""
+    mb2 = re.search(r"^peak memory +- +([\d.]+) GiB", (ROOT / F2 / "3-final/r/mb2_no_checkpoint/summary.md").read_text(),
+                    re.M).group(1)
+    apart = {gib_apart(cell(F2 + "9-final4/r/20261130-182358-caAY", "peak memory", "stage3"), mb2),
+             gib_apart(cell(F2 + "9-final4/r/20261130-182236-p8JO", "peak memory", "stage3"),
+                       cell(F2 + "3-final/r/mb16_no_checkpoint", "peak memory", "stage3"))}
+    assert len(apart) == 1, apart
+    return tuple(apart)
+
+
+def fast_sharding_losses() -> tuple:
+    """The runs with fast sharding (6-fast-sharding's *fs*, 7-final-fast-sharding's stage 3): the most their
+    first-step loss and any loss moved from the reference's (stage 0's where it ran, else FSDP2's)."""
+    first, any_step = [], []
+    for summary in sorted([*(ROOT / F2).glob("6-fast-sharding/r/*/summary.json"),
+                           *(ROOT / F2).glob("7-final-fast-sharding/r/*/summary.json")]):
+        results = json.loads(summary.read_text())["results"]
+        reference = results.get("stage0", results["fsdp2"])[0]["losses"]
+        for name, ranks in results.items():
+            if "fs" in name.removeprefix("fsdp2") or "7-final" in str(summary) and name == "stage3":
+                losses = ranks[0]["losses"]
+                first.append(abs(losses[0] / reference[0] - 1))
+                any_step.append(max(abs(a / b - 1) for a, b in zip(losses, reference)))
+    assert len(first) == 9
+    return f"{max(first):.1%}", f"{max(any_step):.0%}"
+
+
+def engine_start() -> tuple:
+    """The engine's start (ready_s) of DeepCompile's five runs, and of eager stage 3 with today's config (15-final5's
+    four runs and 11-deepcompile-mb2's), the least and the most, in seconds."""
+    def ready(globs, run):
+        return [d["ready_s"] for g in globs for s in (ROOT / F2).glob(g + "/r/*/summary.json")
+                for name, ranks in json.loads(s.read_text())["results"].items() if name == run for d in ranks]
+    compiled = ready(("10-deepcompile", "11-deepcompile-mb2", "16-deepcompile-peer", "18-repeat-mb16", "19-repeat-mb2"),
+                     "stage3_deepcompile")
+    eager = ready(("15-final5", "11-deepcompile-mb2"), "stage3")
+    assert len(compiled) == 10 and len(eager) == 10
+    return tuple(f"{s:.0f}" for s in (min(compiled), max(compiled), min(eager), max(eager)))
+
+
 RUNNING = "docs/running.md"
 OFFLOAD_FIRST, OFFLOAD_FINAL = LOGS + "h200/5-stages-offload-cap/offload-1rank", LOGS + "h200/6-final-1gpu/stages-0-3-offload"
 
@@ -417,6 +488,177 @@ def offloaded_weights() -> tuple:
 
 OFFLOAD_350M = LOGS + "h200/27-suite-matrix/2-probe2/results/offload_350m/20261202-023617-Q4OC"
 
+
+def today_terms(r, zero=None):
+    """A rank record's memory terms as today's code predicts them, with zero its config (the recorded one if None)."""
+    from zero3bench.accounting.memory import rank_memory
+    shape = result.shape_of(r)
+    return rank_memory(r.run, shape, finishing.counted(r, shape), r.zero_config or {} if zero is None else zero,
+                       finishing.seat(r))
+
+
+def workspace_fit() -> tuple:
+    """cuBLAS's workspace as fitted on 24-peaks: each rank's memory allocated after its last step less the states and
+    buffers that today's prediction holds throughout, the least and the most in MB."""
+    left = [r.steps[-1].memory.allocated_bytes - (m.held - m.workspace)
+            for summary in sorted((ROOT / LOGS / "h200/24-peaks").glob("**/summary.json"))
+            for ranks in json.loads(summary.read_text())["results"].values()
+            for r in map(result.RankResult.from_dict, ranks) if r.steps for m in [today_terms(r)]]
+    assert len(left) == 48
+    return f"{min(left) / 1e6:.1f}", f"{max(left) / 1e6:.1f}"
+
+
+def todays_config(stage: int) -> dict:
+    """The zero_optimization section of the stage's config as it is today."""
+    from zero3bench import stages
+    return json.loads(stages.config_path(stage).read_text())["zero_optimization"]
+
+
+def all_reduce_copy() -> tuple:
+    """Stage 0 in fp32 on 2 H200s (10-final): the all-reduce's flat copy, its share of the peak, and the prediction's
+    miss without it."""
+    import dataclasses
+    from test_accounting import committed, training_peak
+    [r, *_] = committed(FP32_STAGE0 + "/summary.json", "stage0")
+    m = today_terms(r, todays_config(0))
+    without = dataclasses.replace(m, reduction=0).peak / training_peak(r) - 1
+    return (f"{m.reduction / 1e9:.2f}", f"{m.reduction / training_peak(r):.1%}",
+            f"{without:+.1%}".replace("-", "−"))
+
+
+def above_backwards_start() -> tuple:
+    """Stages 1 and 2 at 4 rehearsed ranks without checkpointing (all-stages-4ranks): the measured peak above
+    backward's start as today's code predicts it with today's configs, in GB, the same on every rank."""
+    from test_accounting import committed, training_peak
+    found = []
+    for run, stage in (("stage1", 1), ("stage2", 2)):
+        above = set()
+        for r in committed(ALL_STAGES_4 + "/summary.json", run):
+            m = today_terms(r, todays_config(stage))
+            above.add(training_peak(r) - (m.held + m.start_gathered + m.saved_weights + m.activations + m.backward_buckets))
+        assert len(above) == 1, above
+        found.append(f"{above.pop() / 1e9:.2f}")
+    return tuple(found)
+
+
+def reductions_traced() -> tuple:
+    """Stage 3's reductions in backward at a 1e8 cap as traced (tests/test_accounting.py's REDUCTION_TRACES), and the
+    moment that predicts them: its miss on 2 ranks offloaded (29-live/2-cap) and on 8 (35-trace)."""
+    import dataclasses
+    from zero3bench.accounting.memory import Seat, rank_memory
+    misses = []
+    for log in (ROOT / LIVE / "2-cap/timeline_offload_live1e8.txt", ROOT / LOGS / "h200/35-trace/timeline_stage3_r8.txt"):
+        summary = (log.parent / "timeline" / f"{log.stem.removeprefix('timeline_')}_summary.txt").read_text()
+        traced = max(float(line.split(" GiB")[0]) for line in summary.splitlines()[2:]
+                     if "and _DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads" in line)
+        lines = [json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT ")]
+        r = result.RankResult.from_dict(next(d for d in lines if d["rank"] == 0))
+        shape = result.shape_of(r)
+        m = rank_memory(r.run, shape, dataclasses.replace(finishing.counted(r, shape), shard=r.shards.local_param_elems),
+                        r.zero_config, Seat(r.world_size))
+        misses.append(f"{(m.held + m.gathered + m.scatter) / 2**30 / traced - 1:+.1%}")
+    return tuple(misses)
+
+
+def cpu_adam_grads_against_census() -> tuple:
+    """The CPU optimizer's fp32 gradients, 4 bytes a partition element, against the census's other host tensors, in
+    each offload record of 5-stages-offload-cap: the most bytes apart."""
+    apart = [abs(d["host_state_breakdown"]["other"] - 4 * d["local_param_elems"])
+             for summary in (ROOT / LOGS / "h200/5-stages-offload-cap").glob("**/summary.json")
+             for ranks in json.loads(summary.read_text())["results"].values() for d in ranks
+             if d.get("host_state_breakdown")]
+    assert len(apart) == 10
+    return str(max(apart)),
+
+
+def output_layer_350m_mb2() -> tuple:
+    """benchmarks/output_layer_probe.py on an H200 (30-steady/1-probe): 350m at micro batch 2 in bf16, measured and
+    as the term of its day counted it, in MB."""
+    [case] = [c for c in map(json.loads, (ROOT / LOGS / "h200/30-steady/1-probe/output_layer.jsonl").read_text()
+                             .splitlines()) if (c["preset"], c["micro_batch"], c["dtype"]) == ("350m", 2, "bf16")]
+    return f"{case['measured_bytes'] / 1e6:.0f}", f"{case['predicted_bytes'] / 1e6:.0f}"
+
+
+def prefetch_cases() -> tuple:
+    """moments.gathered_ahead against DeepSpeed's coordinator in benchmarks/logs/cpu/prefetch's cases on 2 CPU ranks:
+    the largest miss, the cases, and those it gets exactly."""
+    from test_accounting import gpt_block_matrices, prefetch_probes
+    from zero3bench.accounting import moments
+    misses = []
+    for p in prefetch_probes("*.json").values():
+        zero, d_model = p["zero"], round((p["block"] / 12) ** 0.5)
+        twelfths = moments.prefetched_twelfths(zero["stage3_prefetch_bucket_size"], gpt_block_matrices(d_model))
+        ahead = moments.gathered_ahead(p["layers"], p["block"], p["root"], p["layers"] * p["block"] + p["root"],
+                                       zero["stage3_max_live_parameters"], twelfths)
+        misses.append(ahead / p["peak"] - 1)
+    return f"{max(map(abs, misses)):.1%}", str(len(misses)), str(sum(m == 0 for m in misses))
+
+
+def allocator_reserve() -> tuple:
+    """What the allocator reserved beyond MemoryTerms.reserved, the most over every committed H200 run that records
+    its config (tests/test_plan.py), and over the original design's config, which that test leaves out."""
+    from test_accounting import records as rank_records
+    from zero3bench.reporting.theory import predictable
+    worst = {False: 0, True: 0}
+    for _, r in rank_records(ROOT / LOGS):
+        if predictable(r):
+            beyond = max(s.memory.peak_reserved_bytes for s in r.steps) - today_terms(r).reserved
+            original = "_original" in r.run.config
+            worst[original] = max(worst[original], beyond)
+    return f"{worst[False] / 2**30:.2f}", f"{worst[True] / 2**30:.2f}"
+
+
+ERROR = r" ([-+][\d.]+)% \|$"
+
+
+def step_check() -> tuple:
+    """plan_step_check.py from the calibrating run at micro batch 2 (its first table): the runs and the largest error."""
+    text = (ROOT / LOGS / "plan/step-check-18aea3b.txt").read_text()
+    table = text.split("\nworst ")[0]
+    errors = [abs(float(e)) for e in re.findall(r"^\| \w+ \| \w+ \| \d+ \| o[nf]f? \| \w+ \| [\d.]+ \| [\d.]+ \|" + ERROR,
+                                                 table, re.M)]
+    assert f"worst {max(errors):.1f}% over {len(errors)} runs" in text  # the table's rows make the log's own summary
+    return str(len(errors)), f"{max(errors):.1f}%"
+
+
+def two_gpus() -> tuple:
+    """plan_two_gpus.py's rows over both calibrating runs: the largest error at micro batch 16, and the least and the
+    most at micro batch 2."""
+    rows = re.findall(r"^\| \S+ \| \w+ \| (\d+) \| o[nf]f? \| [\d.]+ / [\d.]+ \| [\d.]+ \|" + ERROR,
+                      (ROOT / LOGS / "plan/two-gpus-f5a2c43.txt").read_text(), re.M)
+    assert len(rows) == 18
+    at = lambda mb: [abs(float(e)) for b, e in rows if b == mb]
+    return f"{max(at('16')):.1f}%", f"{min(at('2')):.1f}%", f"{max(at('2')):.1f}%"
+
+HELD_OUT_FAMILIES = LOGS + "cpu/hf-heldout/families-a34cad9.txt"
+FAMILY_NAMES = {"gpt2": "GPT-2", "mixtral": "Mixtral", "bloom": "Bloom", "qwen3": "Qwen3", "gemma2": "Gemma2",
+                "phi3": "Phi-3", "qwen2_moe": "Qwen2-MoE"}
+NUMBER_WORDS = dict(enumerate(("No", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight", "Nine", "Ten",
+                               "Eleven", "Twelve")))
+
+
+def held_out_families() -> tuple:
+    """benchmarks/heldout_families.py's runs through run.sh: each `== name[:seed]: exit 0` header followed by its
+    `VERDICT: PASS`, counted and named as the page names them (seeds, and the Qwen2-MoE with a wide shared expert)."""
+    text = (ROOT / HELD_OUT_FAMILIES).read_text()
+    runs = re.findall(r"^== (\w+)(?::(\d+))?: exit 0\n(?:(?!== ).*\n)*?VERDICT: PASS$", text, re.M)
+    assert len(runs) == text.count("\n== ") == text.count("VERDICT: ")
+    seeds = {}
+    for name, seed in runs:
+        seeds.setdefault(name.removesuffix("_wide"), []).append(int(seed or 0))
+    wide = json.loads((ROOT / LOGS / "cpu/hf-heldout/qwen2_moe_wide.json").read_text())["shared_expert_intermediate_size"]
+    named = []
+    for name, found in seeds.items():
+        if len(found) > 1 and name == "gpt2":
+            named.append(f"{FAMILY_NAMES[name]} at seeds {', '.join(map(str, found[:-1]))} and {found[-1]}")
+        elif len(found) > 1:
+            named.append(f"{NUMBER_WORDS[len(found)].lower()} {FAMILY_NAMES[name]}, one with transformers' {wide}-wide "
+                         f"shared expert")
+        else:
+            named.append(FAMILY_NAMES[name])
+    return NUMBER_WORDS[len(runs)], ", ".join(named[:-1]) + " and " + named[-1]
+
+
 DOCS = [
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
@@ -455,6 +697,32 @@ DOCS = [
            read=lambda: (cell(DC_MB2, "peak memory", "stage3_deepcompile"), cell(EAGER_MB2, "peak memory", "stage3"))),
     Figure("at step 3 its loss was {} where eager stage 3's was {} (", F2 + "2-levers", "", page=FSDP2_PAGE,
            read=compiled_against_eager),
+    Figure("at run.sh's default {} and {} s a step more than FSDP2, which handles one flat buffer per block (two "
+           "calls: 15-final5, 11-deepcompile-mb2)", EAGER_MB2, "", page=FSDP2_PAGE, read=host_work_per_step),
+    Figure("that took stage 3 from {}–{} of FSDP2's tokens/s to {}–{}", F2 + "5-levers/mb2.txt", "", page=FSDP2_PAGE,
+           read=plain_linear),
+    Figure("Without checkpointing it costs {} GiB at micro batch 2 and 16 alike", F2 + "9-final4/r", "", page=FSDP2_PAGE,
+           read=linear_without_checkpointing),
+    Figure("stage 3 ran at {} stage 0's tokens/s at micro batch 2", LOGS + "h200x2/stages0123-2gpus/report.txt",
+           r"^tokens/s +([\d,]+) +[\d,]+ +[\d,]+ +([\d,]+)$", lambda s0, s3: (ratio(s3, s0),), page=FSDP2_PAGE),
+    Figure("and {} at micro batch 32 ({} MFU)", LOGS + "h200x2/run_2gpus_mb32.txt",
+           r"^tokens/s +([\d,]+) +([\d,]+) .*\n^MFU +[\d.]+% +([\d.]+%)", lambda s0, s3, mfu: (ratio(s3, s0), mfu),
+           page=FSDP2_PAGE),
+    Figure("at run.sh's default it comes within {} GiB", EAGER_MB2, "", page=FSDP2_PAGE,
+           read=lambda: (gib_apart(cell(EAGER_MB2, "peak memory", "stage3"), cell(EAGER_MB2, "peak memory", "fsdp2")),)),
+    Figure("and bf16 gradient partition ({} GiB here)", EAGER_MB2, "", page=FSDP2_PAGE, read=lambda: (
+        lambda b: (f"{(b['params'] + b['grads']) / 2**30:.2f}",))(records(EAGER_MB2, "stage3")[0]["model_state_breakdown"])),
+    Figure("a time instead of the whole partition: {}–{} GiB less", F2 + "5-levers/mb2.txt", "", page=FSDP2_PAGE,
+           read=lambda: tuple(sorted(gib_apart(table_cell(f, "peak memory", a), table_cell(f, "peak memory", b))
+                                     for f, a, b in ((F2 + "5-levers/mb2.txt", "stage3_p0", "stage3_p0sg"),
+                                                     (F2 + "6-fast-sharding/mb2.txt", "stage3_plainfs", "stage3_plainfssg"))))),
+    Figure("at most 1e8 elements gathered ahead: {} GiB less with checkpointing", F2 + "14-live/mb2.txt",
+           r"--stage 3 --steps 8\n[\s\S]*?Rank 0 peak memory: ([\d.]+) GiB[\s\S]*?--config ds_config_stage3_live1e8.json "
+           r"--steps 8\n[\s\S]*?Rank 0 peak memory: ([\d.]+) GiB", lambda a, b: (gib_apart(a, b),), page=FSDP2_PAGE),
+    Figure("After an engine start of {} to {} s ({} to {} s eager, in 15-final5 and 11-deepcompile-mb2)", F2 + "15-final5", "", page=FSDP2_PAGE,
+           read=engine_start),
+    Figure("by up to {}, and later losses by up to {}", F2 + "6-fast-sharding/r", "", page=FSDP2_PAGE,
+           read=fast_sharding_losses),
     # docs/running.md
     Figure("it changed the losses ({} against {} at step 3;", F2 + "2-levers", "", page=RUNNING,
            read=compiled_against_eager),
@@ -479,8 +747,18 @@ DOCS = [
                                          .read_text(), re.M).group(1)))))),
     Figure("at a load of {} from other work (`benchmarks/launchers.sh`); {} s at a load of {}", LOGS + "cpu/launchers", "",
            page=RUNNING, read=launch_loads),
+    Figure("whose gloo steps took {} to {} s", LOGS + "h200/21-verdict/2-warm/interrupt_default.txt", "", page=RUNNING,
+           read=lambda: (lambda times: (f"{min(times):.1f}", f"{max(times):.1f}"))([float(s) for s in re.findall(
+               r"step \d+/\d+ .* time ([\d.]+)s", (ROOT / LOGS / "h200/21-verdict/2-warm/interrupt_default.txt").read_text())])),
+    Figure("(a JIT build, once: {} s on an H200's host", LOGS + "h200/5-stages-offload-cap/cpu_adam_prebuild.log",
+           r"^real\t0m([\d.]+)s$", lambda s: (str(round(float(s))),), page=RUNNING),
+    Figure("here stage 3's from 2 CPU processes ([readme-fresh-clone-871a90d.txt](../{})): ``` {} ```", CPU_CI,
+           r"^== stage3:[\s\S]*?^(\[ *[\d.]+s\] step 2/3 .*)$", lambda line: (CPU_CI, line), page=RUNNING),
     Figure("DeepSpeed's CPU all-reduce maps a {} MiB buffer per rank", LOGS + "cpu/shm-buffers.txt",
            r" (\d+) \w+ +\d+ [\d:]+ deepspeed_allreduce_buffer_", lambda b: (f"{int(b) / 2**20:.0f}",), page=RUNNING),
+    # docs/hugging-face.md
+    Figure("{} tiny configs of families this code was not written for ({}) PASS through run.sh on 2 CPU ranks",
+           HELD_OUT_FAMILIES, "", page="docs/hugging-face.md", read=held_out_families),
     # docs/layout.md
     Figure("Over the test suite it found {} values outside their hints at a4e63fc", TYPES + "hints-runtime-a4e63fc.txt",
            r"^(\d+) distinct values outside their hints", page="docs/layout.md"),
@@ -567,6 +845,31 @@ DOCS = [
            "ready, in the three pairs of runs", LOGS + "h200/36-step-time", "", page=MEASUREMENT, read=offloaded_weights),
     Figure("the 350m model offloaded on one rank ({} GiB predicted against {},", OFFLOAD_350M, "", page=MEASUREMENT,
            read=lambda: (cell(OFFLOAD_350M, "  estimated", "stage3_offload"), cell(OFFLOAD_350M, "peak memory", "stage3_offload"))),
+    Figure("predicted states and buffers was {} to {} MB)", LOGS + "h200/24-peaks", "", page=MEASUREMENT, read=workspace_fit),
+    Figure("in fp32 at 1.3b {} GB, {} of the peak", LOGS + FP32_STAGE0, "", page=MEASUREMENT,
+           read=lambda: all_reduce_copy()[:2]),
+    Figure("({} without the all-reduce's copy) |", LOGS + FP32_STAGE0, "", page=MEASUREMENT,
+           read=lambda: all_reduce_copy()[2:]),
+    Figure("{} GB above backward's start as predicted at stage 1 and {} GB at stage 2", LOGS + ALL_STAGES_4, "",
+           page=MEASUREMENT, read=above_backwards_start),
+    Figure("Predicted {} and {} over the reductions traced on 2 and 8 ranks", LOGS + "h200/35-trace", "",
+           page=MEASUREMENT, read=reductions_traced),
+    Figure("within {} bytes of the census in each offload run of", LOGS + "h200/5-stages-offload-cap", "",
+           page=MEASUREMENT, read=cpu_adam_grads_against_census),
+    Figure("measures {} MB above what the rank held before the logits", LOGS + "h200/30-steady/1-probe/output_layer.jsonl",
+           "", page=MEASUREMENT, read=lambda: output_layer_350m_mb2()[:1]),
+    Figure("and the term had counted {} MB", LOGS + "h200/30-steady/1-probe/output_layer.jsonl", "", page=MEASUREMENT,
+           read=lambda: output_layer_350m_mb2()[1:]),
+    Figure("within {} in all {} cases, {} of them exact)", LOGS + "cpu/prefetch", "", page=MEASUREMENT,
+           read=prefetch_cases),
+    Figure("its config, {} GiB for the 2.7b model at stage 2 on 4 rehearsed ranks", LOGS + "h200/32-s12/results/s12_2.7b_r4",
+           "", page=MEASUREMENT, read=lambda: allocator_reserve()[:1]),
+    Figure("buckets, reserved up to {} GiB beyond", LOGS + "h200/28-suite-matrix/2-batch/results/original_design", "",
+           page=MEASUREMENT, read=lambda: allocator_reserve()[1:]),
+    Figure("At world 1 the {} committed runs are planned within {}", LOGS + "plan/step-check-18aea3b.txt", "",
+           page=MEASUREMENT, read=step_check),
+    Figure("where the GPU holds the step, are within {}; at micro batch 2 the host holds it, and that machine's host was "
+           "faster: planned {} to {} too long", LOGS + "plan/two-gpus-f5a2c43.txt", "", page=MEASUREMENT, read=two_gpus),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",
