@@ -54,7 +54,7 @@ ASSUMED = {
                                 "on 4 rehearsed ranks, 32-s12, which the 5.0 GiB assumed before did not cover; 4.73 "
                                 "for stage 0 at micro batch 8 without checkpointing on 2, 28-suite-matrix); stages 1 "
                                 "and 2, in older runs, up to 4.62 GiB (h200/5-stages-offload-cap); the original "
-                                "design's config, whose 5e8-element buckets it does not plan, up to 9.22 GiB "
+                                "design's config, whose 5e8-element buckets it does not plan, up to 8.42 GiB "
                                 "(28-suite-matrix)"),
     "context_gib": Assumed(0.5, "the CUDA context, NCCL's and cuBLAS's own memory outside torch's allocator: not "
                                 "measured here, as torch does not see it"),
