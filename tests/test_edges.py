@@ -352,3 +352,43 @@ def test_a_plan_takes_up_to_2_to_the_20_gpus():
     assert plan.whole("gpus")(str(2**20)) == 2**20
     with pytest.raises(argparse.ArgumentTypeError, match="from 1 to 1,048,576"):
         plan.whole("gpus")(str(2**20 + 1))
+
+
+def test_a_group_held_exactly_at_its_promise_or_at_the_edge_of_its_tolerance_holds_as_promised():
+    promised = {"params": 0.5, "grads": 0.5, "optimizer": 0.5}
+    assert predict.holds_as_promised(promised, promised, 3, 0.0, 0.0)  # no tolerance: the promise itself
+    assert predict.holds_as_promised({**promised, "params": 0.75}, promised, 3, 0.0, 0.5)  # 0.5 + 0.5 x 0.5
+
+
+def test_only_deepspeeds_stages_1_and_2_make_reduction_buckets():
+    zero = {"reduce_bucket_size": 100, "overlap_comm": False}
+    assert predict.grad_bucket_bytes(1, "deepspeed", 2, zero) == 2 * 100
+    assert [predict.grad_bucket_bytes(stage, "deepspeed", 2, zero) for stage in (0, 3)] == [0, 0]
+    assert predict.grad_bucket_bytes(2, "fsdp2", 2, zero) == 0
+
+
+def test_stage_1_moves_a_tensor_as_large_as_its_bucket_into_the_bucket():
+    """stage_1_and_2.py reduces on its own only a tensor of more elements than reduce_bucket_size
+    (`param.numel() > self.reduce_bucket_size`). Two tensors of 100 on 2 ranks: rank 1's partition is the second."""
+    assert predict.moved_grad_elems([[100, 100]], 2, 1, 100) == 100
+
+
+def test_stage_1_moves_nothing_of_a_tensor_larger_than_its_bucket():
+    assert predict.moved_grad_elems([[100, 100]], 2, 1, 99) == 0
+
+
+def test_at_stage_1_a_partition_as_large_as_the_gradients_moved_before_it_adds_nothing_to_reduce():
+    """Two tensors of 4 on 2 ranks, a bucket of 100: rank 1 copies its 4 elements once the first 4 have moved
+    into the bucket, freeing theirs; no tensor is reduced on its own."""
+    assert predict.stage1_reduction_elems([[4, 4]], 2, 1, {"reduce_bucket_size": 100}) == 4 - 4
+
+
+def test_one_rank_is_the_only_telling_rank():
+    assert predict.telling_ranks(1, "deepspeed", 1, TINY.params, TINY, memory.NO_OFFLOAD) == [0]
+
+
+def test_the_last_rank_is_a_telling_rank_though_it_holds_only_the_groups_padding():
+    """tiny's two groups, 458,752 and 3,584 elements, in partitions of 460 and 4 elements on 1000 ranks (each padded
+    to 2 elements a rank): their last elements fall in ranks 997 and 895, and rank 999 holds padding alone."""
+    assert [sum(group) for group in TINY.decay_groups] == [458_752, 3_584]
+    assert max(predict.telling_ranks(1, "deepspeed", 1000, TINY.params, TINY, memory.NO_OFFLOAD)) == 999
