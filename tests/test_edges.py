@@ -9,7 +9,7 @@ import pytest
 
 import plan
 from zero3bench import options
-from zero3bench.accounting import activations, memory, moments, predict, shapes
+from zero3bench.accounting import activations, coordinator, memory, moments, predict, shapes, timing
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
 from zero3bench.planning import cluster, inputs
@@ -392,3 +392,101 @@ def test_the_last_rank_is_a_telling_rank_though_it_holds_only_the_groups_padding
     to 2 elements a rank): their last elements fall in ranks 997 and 895, and rank 999 holds padding alone."""
     assert [sum(group) for group in TINY.decay_groups] == [458_752, 3_584]
     assert max(predict.telling_ranks(1, "deepspeed", 1000, TINY.params, TINY, memory.NO_OFFLOAD)) == 999
+
+
+def test_rehearsed_ranks_regather_the_whole_model_at_the_step_and_one_rank_regathers_nothing():
+    """DeepSpeed's all_gather_into_tensor_dp_groups skips a data-parallel group of one rank (`dp_world_size == 1`)."""
+    assert moments.regathered_bytes(2, "deepspeed", 2, 1000, 2, True) == 2 * 1000
+    assert moments.regathered_bytes(2, "deepspeed", 2, 1000, 1, True) == 0
+
+
+def test_backwards_end_holds_every_gradient_made_the_weights_gathered_and_the_first_blocks_activations():
+    terms = dict.fromkeys((f.name for f in dataclasses.fields(memory.MemoryTerms)), 0)
+    peak = memory.MemoryTerms(**{**terms, "breakdown": {"grads": 20}, "states": 100, "freed_grads": 20,
+                                 "gathered": 10, "last_block": 5}).peak
+    assert peak == (100 - 20) + (20 + 10 + 5)  # the gradients freed between steps are not held throughout
+
+
+def test_without_a_shape_stage_3_gathers_the_module_and_the_prefetch_bucket_and_keeps_no_weights_for_backward():
+    """Without a shape the layers and the output layer are unknown: the weights that autograd keeps are not counted."""
+    run = options.run_from({"stage": 3, "dtype": "bf16", "checkpoint": False})
+    zero = {"stage3_prefetch_bucket_size": 50, "memory_efficient_linear": False}
+    fetched = memory.fetched_weights(run, None, memory.Counts(params=10_000, block=100, root=10), zero, 2, True)
+    assert (fetched["gathered"], fetched["saved_weights"]) == (2 * (100 + 50), 0)
+
+
+ROPE_TINY = dataclasses.replace(TINY, positions="rope")  # tiny's blocks with no position embedding; heads of 32
+ROPE_PER_TOKEN = 2 * 2 * 32  # bf16 cos and sin, one head's width each
+
+
+def test_the_activations_when_backward_starts_hold_rotary_positions_cos_and_sin_once():
+    tokens = 256
+    rope = activations.activation_bytes(ROPE_TINY, "bf16", 1, tokens, False, True, 256)
+    assert rope - activations.activation_bytes(TINY, "bf16", 1, tokens, False, True, 256) == tokens * ROPE_PER_TOKEN
+
+
+def test_a_recomputed_block_keeps_rotary_positions_cos_and_sin():
+    tokens = 256
+    rope = activations.blocks_backward_bytes(ROPE_TINY, "bf16", 1, tokens, True, True)
+    assert rope - activations.blocks_backward_bytes(TINY, "bf16", 1, tokens, True, True) == tokens * ROPE_PER_TOKEN
+
+
+RMS_TINY = dataclasses.replace(TINY, norm_kind="rmsnorm")
+
+
+def test_an_rmsnorm_saves_its_input_in_fp32_its_rstd_and_its_normalised_input():
+    assert activations.norm_bytes(RMS_TINY, 2) == 4 * 128 + 4 + 2 * 128
+
+
+def test_the_final_rmsnorm_saves_what_norm_bytes_says_besides_the_output_layers_input():
+    """A LayerNorm's input alone (bf16, 128 values) against an RMSNorm's 772 bytes a token."""
+    tokens = 256
+    rms = activations.output_layer_bytes(RMS_TINY, 2, tokens, 256)
+    assert rms - activations.output_layer_bytes(TINY, 2, tokens, 256) == tokens * (772 - 2 * 128)
+
+
+def test_a_gated_mlp_keeps_four_values_of_its_inner_width_a_token_where_gelus_keeps_two():
+    tokens = 256
+    gated = activations.block_activation_bytes(dataclasses.replace(TINY, mlp="gated"), 2, tokens, 256, True)
+    assert gated - activations.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * 2 * (4 - 2) * 512
+
+
+def test_stage_3_fetches_only_the_tensors_above_the_persistence_threshold():
+    """partition_parameters.py persists a tensor of `ds_numel <= param_persistence_threshold` elements. At 128:
+    tiny's block fetches its four matrices and qkv's and the MLP's first biases; its norms and other biases persist."""
+    forward, _ = coordinator.fetch_order(TINY, {"stage3_param_persistence_threshold": 128}, False)
+    block = [n for _, n in forward[3]]
+    assert block == [3 * 128**2, 128**2, 4 * 128**2, 4 * 128**2, 3 * 128, 4 * 128]
+
+
+def test_a_released_tensor_used_again_within_the_reuse_distance_stays_fetched():
+    """partitioned_param_coordinator.py keeps the modules ahead while fewer than max_reuse_distance elements were
+    traversed: after a's module, b's 10 elements, then a again."""
+    order = [[("a", 10)], [("b", 10)], [("a", 10)]]
+
+    def after_release(reuse):
+        c = coordinator.Coordinator(order, {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 0,
+                                            "stage3_max_reuse_distance": reuse})
+        c.fetch()
+        c.release(0)
+        return c.fetched
+    assert after_release(11) == {"a"}
+    assert after_release(10) == set()
+
+
+def test_a_gated_mlps_attention_has_q_k_and_v_apart_though_its_keys_are_as_wide_as_its_queries():
+    """model.py's GELU block fuses q, k and v in one matrix; a Llama layer (q_proj, k_proj, v_proj) keeps three."""
+    matrices, _ = dataclasses.replace(TINY, mlp="gated").block_tensors
+    assert matrices[:4] == [128**2] * 4
+
+
+def test_deepspeeds_stage_3_gathers_every_weight_again_in_backward_where_fsdp2_keeps_its_root():
+    assert timing.collectives(3, "deepspeed", 2, 1000, 100) == [
+        ("all_gather", "forward", 2000), ("all_gather", "backward", 2000), ("reduce_scatter", "backward", 2000)]
+    assert timing.collectives(3, "fsdp2", 2, 1000, 100)[1] == ("all_gather", "backward", 2 * (1000 - 100))
+
+
+def test_deepspeeds_stage_3_gathers_a_block_at_a_time_and_reduces_in_buckets():
+    zero = {"reduce_bucket_size": 100}
+    assert timing.message_bytes("all_gather", 3, "deepspeed", 2, 1000, zero) == 2 * 1000
+    assert timing.message_bytes("reduce_scatter", 3, "deepspeed", 2, 1000, zero) == 2 * 100
