@@ -11,11 +11,11 @@ import plan
 from zero3bench import options
 from zero3bench.accounting import activations, coordinator, memory, moments, predict, shapes, timing
 from zero3bench.options import BadInput
-from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
+from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
 from zero3bench.planning import cluster, inputs
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
-from zero3bench.reporting.figures import Check, Loss, Memory, Partitioning, Promises
+from zero3bench.reporting.figures import Check, Comparison, Loss, Memory, Partitioning, Promises, SameTraining
 from zero3bench.result import RankResult
 
 
@@ -34,6 +34,10 @@ def test_a_later_loss_back_at_the_first_ones_does_not_fall():
     assert not losses.loss_falls(falling(5.0))
 
 
+def test_a_loss_that_rises_at_one_early_step_does_not_fall():
+    assert not losses.loss_falls([5.0, 4.0, 4.5] + [3.0] * 2)  # each step on the same rows must fall from the last
+
+
 def test_a_loss_that_falls_and_then_is_not_finite_does_not_fall():
     assert not losses.loss_falls(falling(math.nan))
     assert not losses.loss_falls(falling(math.inf))
@@ -42,6 +46,25 @@ def test_a_loss_that_falls_and_then_is_not_finite_does_not_fall():
 def test_the_gap_between_two_losses_is_relative_to_the_first_runs():
     assert losses.largest_gap([2.0, 4.0], [1.0, 4.0]) == 0.5
     assert losses.largest_gap([], []) == 0.0  # nothing to compare differs by nothing
+
+
+def trained(*losses_):
+    return RankResult(steps=[Step(loss=x) for x in losses_])
+
+
+def test_losses_exactly_at_their_tolerances_are_the_same_training():
+    """bounds.py: 2e-4 at step 1 (1 in 5000), 1% at any step (1 in 100); the quotients are exact."""
+    assert losses.loss_gaps(trained(5000.0), trained(5001.0)).same
+    assert losses.loss_gaps(trained(5000.0, 100.0), trained(5000.0, 101.0)).same
+
+
+def test_stages_whose_losses_are_1_percent_apart_are_alike():
+    assert losses.alike(Loss(gap=0.01))
+
+
+def test_stages_whose_weights_are_apart_are_not_alike_and_weights_never_compared_do_not_count():
+    assert not losses.alike(Loss(gap=0.0, weights_apart=0.5))
+    assert losses.alike(Loss(gap=0.0, weights_apart=None))
 
 
 def test_weights_are_not_compared_where_a_run_has_no_checksum():
@@ -201,6 +224,18 @@ def test_the_ranks_lost_in_a_run_are_told_by_run():
         "twice or beyond the world): not judged")
 
 
+def test_the_shares_held_are_told_by_run_and_a_run_out_of_memory_as_such():
+    held = {"stage 3": {"params": 0.5, "grads": 0.5, "optimizer": 0.25}, "stage 2": None}
+    assert verdict.say_promises(Promises(held=held, broken=[])) == (
+        "share held of params/grads/optimizer states: stage 3 50%/50%/25%, stage 2 out of memory")
+
+
+def test_only_the_runs_whose_losses_differ_from_their_reference_are_told_as_missed():
+    compared = [Comparison("stage 3", "stage 0", 0.0, 0.0, True), Comparison("stage 2", "stage 0", 0.1, 0.1, False)]
+    told = verdict.say_same_training(SameTraining(compared=compared))
+    assert told.endswith("; MISSED: stage 2 and stage 0 DIFFER")
+
+
 # -----------------------------------------------------------------------------
 # the losses
 
@@ -249,6 +284,16 @@ def test_offloading_the_parameters_offloads_the_optimizer_too():
     assert cluster.offloads_optimizer("3", settled("--offload-param"))
     assert cluster.offloads_optimizer("3", settled("--offload"))
     assert not cluster.offloads_optimizer("3", settled())
+
+
+def test_a_reserve_and_context_that_fill_the_gpu_exactly_are_refused():
+    with pytest.raises(BadInput, match="must together be less than the GPU's memory"):
+        settled("--gpu-mem-gib", "10", "--reserve-gib", "4", "--context-gib", "6")
+
+
+def test_a_preset_named_as_a_hugging_face_model_is_refused():
+    with pytest.raises(BadInput, match="--model tiny is a preset: give it as --preset"):
+        plan.hf_shape("tiny")
 
 
 def test_the_default_gpu_memory_is_an_h200s_as_torch_sees_it():
