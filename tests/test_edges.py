@@ -12,7 +12,7 @@ from zero3bench import options
 from zero3bench.accounting import activations, coordinator, memory, moments, predict, shapes, timing
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
-from zero3bench.planning import cluster, inputs
+from zero3bench.planning import cluster, inputs, steptime
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
 from zero3bench.reporting.figures import Check, Comparison, Loss, Memory, Partitioning, Promises, SameTraining
@@ -296,9 +296,104 @@ def test_a_preset_named_as_a_hugging_face_model_is_refused():
         plan.hf_shape("tiny")
 
 
+def test_an_mfu_of_exactly_what_checkpointings_recomputed_forward_leaves_is_planned():
+    """With checkpointing the hardware does 4/3 of the model's FLOPs: an MFU of 3/4 is the whole peak."""
+    assert settled("--checkpoint", "--mfu", "0.75").mfu == 0.75
+
+
+def test_a_shape_given_by_its_fields_is_planned_without_params():
+    """tiny's fields: 2 blocks of 12 x 128**2 + 13 x 128, the token and position embeddings, the final LayerNorm."""
+    args = plan.parse_args(["--layers", "2", "--d-model", "128", "--heads", "4", "--vocab", "256", "--seq", "256"])
+    assert plan.resolve_model(args).params == 2 * (12 * 128**2 + 13 * 128) + 2 * 256 * 128 + 2 * 128
+
+
+def test_a_plan_takes_up_to_2_to_the_16_heads_and_2_to_the_20_rows_a_micro_batch():
+    assert plan.whole("heads")(str(2**16)) == 2**16
+    assert plan.whole("micro_batch")(str(2**20)) == 2**20
+
+
+def test_a_plans_json_says_the_search_for_the_fewest_gpus_ends_at_2_to_the_20(capsys):
+    plan.main(["--gpus", "8", "--stages", "3", "--json"])
+    assert json.loads(capsys.readouterr().out)["max_gpus"] == 2**20
+
+
+def test_a_row_with_no_headroom_left_fits_and_one_short_of_it_does_not():
+    def row(headroom_left):
+        return cluster.Row(**{**dict.fromkeys(f.name for f in dataclasses.fields(cluster.Row)),
+                              "headroom_left": headroom_left})
+    assert row(0.0).fits and not row(-1.0).fits
+
+
+def tiny_planned(*argv):
+    args = plan.parse_args(["--preset", "tiny", *argv])
+    model = plan.resolve_model(args)
+    return model, plan.settle(args, model).inputs
+
+
+def test_stage_2_offloading_its_optimizer_holds_its_states_and_buffers_on_the_host():
+    model, i = tiny_planned("--offload")
+    terms = dict.fromkeys((f.name for f in dataclasses.fields(memory.MemoryTerms)), 0)
+    m = memory.MemoryTerms(**{**terms, "breakdown": {"grads": 0}, "host_states": 100, "host_buffers": 10})
+    assert cluster.host_per_rank("2", model, i, 8, {}, m) == 100 + 10
+
+
+def test_a_collective_smaller_than_one_call_is_one_call_and_a_larger_one_rounds_up():
+    model, i = tiny_planned()
+    def calls(nbytes, bucket):  # stage 0 all-reduces in calls of a bucket of bf16 elements
+        return cluster.collective("all_reduce", "after", nbytes, "0", model, i, 8, {"reduce_bucket_size": bucket},
+                                  "intra").calls
+    assert calls(1000, 5e8) == 1
+    assert calls(5000, 1000) == 3  # 2.5 buckets of 2,000 bytes
+
+
+def test_stage_0s_optimizer_pass_covers_the_whole_model_on_every_gpu_and_stage_1s_a_1_gth_partition():
+    """A world-1 step of 1 s of FLOPs and 1 s of optimizer pass, the host's clock shorter: on 8 GPUs stage 0's passes
+    take 2 s, stage 1's 1 + 1/8 s, shared among forward and backward as their FLOPs are (half each here)."""
+    _, i = tiny_planned()
+    clocks = {s: steptime.Clocks(host_s=0.0, flops_s=1.0, optimizer_s=1.0) for s in ("0", "1")}
+    w = steptime.WorldOne("a folder", "tiny", 1, False, 1, ["0", "1"], {"0": 2.0, "1": 2.0}, clocks, {})
+    compute = {"forward": 1.0, "backward": 1.0}
+    assert cluster.world_one_seconds(compute, w, "0", i, 8) == {"forward": 1.0, "backward": 1.0}
+    assert cluster.world_one_seconds(compute, w, "1", i, 8) == {"forward": 1.125 / 2, "backward": 1.125 / 2}
+
+
+def test_a_model_of_params_alone_gathers_its_weights_at_stage_3_in_one_call():
+    """Without a shape the blocks are unknown, so stage 3's gather of one block at a time cannot be counted."""
+    args = plan.parse_args(["--params", "1e9"])
+    model = plan.resolve_model(args)
+    i = plan.settle(args, model).inputs
+    assert cluster.collective("all_gather", "forward", 2e9, "3", model, i, 8, {}, "intra").calls == 1
+
+
 def test_the_default_gpu_memory_is_an_h200s_as_torch_sees_it():
     """150,109,880,320 bytes, as torch.cuda.get_device_properties gave it on the calibrating H200."""
     assert settled().gpu_mem_gib == pytest.approx(150_109_880_320 / 2**30, abs=0.05)
+
+
+def test_a_records_number_is_a_finite_positive_int_or_float_and_no_bool():
+    assert inputs.positive_number(1) and inputs.positive_number(1e-300)
+    assert not inputs.positive_number(0) and not inputs.positive_number(True)
+
+
+def test_a_records_gpu_memory_may_lie_at_either_end_of_its_span_1_gib_to_1_pib():
+    assert inputs.within("device_total_bytes", 2**30) and inputs.within("device_total_bytes", 2**50)
+    assert not inputs.within("device_total_bytes", 2**30 - 1) and not inputs.within("device_total_bytes", 2**50 + 1)
+
+
+def test_a_calibration_over_fewer_than_min_steady_steps_is_uncertain():
+    def over(steps):
+        return inputs.Calibration("a run", 0.5, 0.5, steps, "1.3b", 1024, 1, False)
+    assert over(inputs.MIN_STEADY - 1).uncertain and not over(inputs.MIN_STEADY).uncertain
+
+
+def test_runs_of_more_ranks_than_a_node_holds_are_not_on_one_node():
+    assert inputs.one_node([RankResult(world_size=8, ranks_per_node=8)])
+    assert not inputs.one_node([RankResult(world_size=16, ranks_per_node=8)])
+
+
+def test_a_run_without_records_gives_no_world_1_measurement(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage 0": []}}))
+    assert steptime.measured(tmp_path) == {}
 
 
 def test_a_summary_whose_runs_are_not_lists_of_records_is_refused(tmp_path):
