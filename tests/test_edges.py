@@ -410,6 +410,12 @@ TINY = shapes.PRESETS["tiny"]  # 2 layers, 4 heads, d_model 128, model.py's bloc
 TINY_PER_TOKEN = 2 * 16 * 128 + 2 * 2 * 4  # bf16: 16 values of d_model and two LayerNorms' fp32 mean and rstd
 
 
+def test_the_tiny_preset_has_the_parameters_torch_counted_in_a_run():
+    """docs/training-recipe.md and the cpu-stages summary.json's params_total: 462,336. Read at call time, as TINY
+    above was bound when this file was imported."""
+    assert shapes.PRESETS["tiny"].params == 462_336
+
+
 def test_each_group_of_model_states_is_held_as_a_share_of_what_one_rank_would_hold_alone():
     states = {"params": 1.0, "grads": 2.0, "master": 2.0, "moments": 4.0}
     whole = {"params": 4.0, "grads": 4.0, "master": 8.0, "moments": 16.0}
