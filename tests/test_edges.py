@@ -9,13 +9,13 @@ import pytest
 
 import plan
 from zero3bench import options
-from zero3bench.accounting import activations, memory, moments, predict, shapes
+from zero3bench.accounting import activations, coordinator, memory, moments, predict, shapes, timing
 from zero3bench.options import BadInput
-from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards
-from zero3bench.planning import cluster, inputs
+from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
+from zero3bench.planning import cluster, inputs, steptime
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
-from zero3bench.reporting.figures import Check, Loss, Memory, Partitioning, Promises
+from zero3bench.reporting.figures import Check, Comparison, Loss, Memory, Partitioning, Promises, SameTraining
 from zero3bench.result import RankResult
 
 
@@ -34,6 +34,10 @@ def test_a_later_loss_back_at_the_first_ones_does_not_fall():
     assert not losses.loss_falls(falling(5.0))
 
 
+def test_a_loss_that_rises_at_one_early_step_does_not_fall():
+    assert not losses.loss_falls([5.0, 4.0, 4.5] + [3.0] * 2)  # each step on the same rows must fall from the last
+
+
 def test_a_loss_that_falls_and_then_is_not_finite_does_not_fall():
     assert not losses.loss_falls(falling(math.nan))
     assert not losses.loss_falls(falling(math.inf))
@@ -42,6 +46,25 @@ def test_a_loss_that_falls_and_then_is_not_finite_does_not_fall():
 def test_the_gap_between_two_losses_is_relative_to_the_first_runs():
     assert losses.largest_gap([2.0, 4.0], [1.0, 4.0]) == 0.5
     assert losses.largest_gap([], []) == 0.0  # nothing to compare differs by nothing
+
+
+def trained(*losses_):
+    return RankResult(steps=[Step(loss=x) for x in losses_])
+
+
+def test_losses_exactly_at_their_tolerances_are_the_same_training():
+    """bounds.py: 2e-4 at step 1 (1 in 5000), 1% at any step (1 in 100); the quotients are exact."""
+    assert losses.loss_gaps(trained(5000.0), trained(5001.0)).same
+    assert losses.loss_gaps(trained(5000.0, 100.0), trained(5000.0, 101.0)).same
+
+
+def test_stages_whose_losses_are_1_percent_apart_are_alike():
+    assert losses.alike(Loss(gap=0.01))
+
+
+def test_stages_whose_weights_are_apart_are_not_alike_and_weights_never_compared_do_not_count():
+    assert not losses.alike(Loss(gap=0.0, weights_apart=0.5))
+    assert losses.alike(Loss(gap=0.0, weights_apart=None))
 
 
 def test_weights_are_not_compared_where_a_run_has_no_checksum():
@@ -201,6 +224,18 @@ def test_the_ranks_lost_in_a_run_are_told_by_run():
         "twice or beyond the world): not judged")
 
 
+def test_the_shares_held_are_told_by_run_and_a_run_out_of_memory_as_such():
+    held = {"stage 3": {"params": 0.5, "grads": 0.5, "optimizer": 0.25}, "stage 2": None}
+    assert verdict.say_promises(Promises(held=held, broken=[])) == (
+        "share held of params/grads/optimizer states: stage 3 50%/50%/25%, stage 2 out of memory")
+
+
+def test_only_the_runs_whose_losses_differ_from_their_reference_are_told_as_missed():
+    compared = [Comparison("stage 3", "stage 0", 0.0, 0.0, True), Comparison("stage 2", "stage 0", 0.1, 0.1, False)]
+    told = verdict.say_same_training(SameTraining(compared=compared))
+    assert told.endswith("; MISSED: stage 2 and stage 0 DIFFER")
+
+
 # -----------------------------------------------------------------------------
 # the losses
 
@@ -251,9 +286,114 @@ def test_offloading_the_parameters_offloads_the_optimizer_too():
     assert not cluster.offloads_optimizer("3", settled())
 
 
+def test_a_reserve_and_context_that_fill_the_gpu_exactly_are_refused():
+    with pytest.raises(BadInput, match="must together be less than the GPU's memory"):
+        settled("--gpu-mem-gib", "10", "--reserve-gib", "4", "--context-gib", "6")
+
+
+def test_a_preset_named_as_a_hugging_face_model_is_refused():
+    with pytest.raises(BadInput, match="--model tiny is a preset: give it as --preset"):
+        plan.hf_shape("tiny")
+
+
+def test_an_mfu_of_exactly_what_checkpointings_recomputed_forward_leaves_is_planned():
+    """With checkpointing the hardware does 4/3 of the model's FLOPs: an MFU of 3/4 is the whole peak."""
+    assert settled("--checkpoint", "--mfu", "0.75").mfu == 0.75
+
+
+def test_a_shape_given_by_its_fields_is_planned_without_params():
+    """tiny's fields: 2 blocks of 12 x 128**2 + 13 x 128, the token and position embeddings, the final LayerNorm."""
+    args = plan.parse_args(["--layers", "2", "--d-model", "128", "--heads", "4", "--vocab", "256", "--seq", "256"])
+    assert plan.resolve_model(args).params == 2 * (12 * 128**2 + 13 * 128) + 2 * 256 * 128 + 2 * 128
+
+
+def test_a_plan_takes_up_to_2_to_the_16_heads_and_2_to_the_20_rows_a_micro_batch():
+    assert plan.whole("heads")(str(2**16)) == 2**16
+    assert plan.whole("micro_batch")(str(2**20)) == 2**20
+
+
+def test_a_plans_json_says_the_search_for_the_fewest_gpus_ends_at_2_to_the_20(capsys):
+    plan.main(["--gpus", "8", "--stages", "3", "--json"])
+    assert json.loads(capsys.readouterr().out)["max_gpus"] == 2**20
+
+
+def test_a_row_with_no_headroom_left_fits_and_one_short_of_it_does_not():
+    def row(headroom_left):
+        return cluster.Row(**{**dict.fromkeys(f.name for f in dataclasses.fields(cluster.Row)),
+                              "headroom_left": headroom_left})
+    assert row(0.0).fits and not row(-1.0).fits
+
+
+def tiny_planned(*argv):
+    args = plan.parse_args(["--preset", "tiny", *argv])
+    model = plan.resolve_model(args)
+    return model, plan.settle(args, model).inputs
+
+
+def test_stage_2_offloading_its_optimizer_holds_its_states_and_buffers_on_the_host():
+    model, i = tiny_planned("--offload")
+    terms = dict.fromkeys((f.name for f in dataclasses.fields(memory.MemoryTerms)), 0)
+    m = memory.MemoryTerms(**{**terms, "breakdown": {"grads": 0}, "host_states": 100, "host_buffers": 10})
+    assert cluster.host_per_rank("2", model, i, 8, {}, m) == 100 + 10
+
+
+def test_a_collective_smaller_than_one_call_is_one_call_and_a_larger_one_rounds_up():
+    model, i = tiny_planned()
+    def calls(nbytes, bucket):  # stage 0 all-reduces in calls of a bucket of bf16 elements
+        return cluster.collective("all_reduce", "after", nbytes, "0", model, i, 8, {"reduce_bucket_size": bucket},
+                                  "intra").calls
+    assert calls(1000, 5e8) == 1
+    assert calls(5000, 1000) == 3  # 2.5 buckets of 2,000 bytes
+
+
+def test_stage_0s_optimizer_pass_covers_the_whole_model_on_every_gpu_and_stage_1s_a_1_gth_partition():
+    """A world-1 step of 1 s of FLOPs and 1 s of optimizer pass, the host's clock shorter: on 8 GPUs stage 0's passes
+    take 2 s, stage 1's 1 + 1/8 s, shared among forward and backward as their FLOPs are (half each here)."""
+    _, i = tiny_planned()
+    clocks = {s: steptime.Clocks(host_s=0.0, flops_s=1.0, optimizer_s=1.0) for s in ("0", "1")}
+    w = steptime.WorldOne("a folder", "tiny", 1, False, 1, ["0", "1"], {"0": 2.0, "1": 2.0}, clocks, {})
+    compute = {"forward": 1.0, "backward": 1.0}
+    assert cluster.world_one_seconds(compute, w, "0", i, 8) == {"forward": 1.0, "backward": 1.0}
+    assert cluster.world_one_seconds(compute, w, "1", i, 8) == {"forward": 1.125 / 2, "backward": 1.125 / 2}
+
+
+def test_a_model_of_params_alone_gathers_its_weights_at_stage_3_in_one_call():
+    """Without a shape the blocks are unknown, so stage 3's gather of one block at a time cannot be counted."""
+    args = plan.parse_args(["--params", "1e9"])
+    model = plan.resolve_model(args)
+    i = plan.settle(args, model).inputs
+    assert cluster.collective("all_gather", "forward", 2e9, "3", model, i, 8, {}, "intra").calls == 1
+
+
 def test_the_default_gpu_memory_is_an_h200s_as_torch_sees_it():
     """150,109,880,320 bytes, as torch.cuda.get_device_properties gave it on the calibrating H200."""
     assert settled().gpu_mem_gib == pytest.approx(150_109_880_320 / 2**30, abs=0.05)
+
+
+def test_a_records_number_is_a_finite_positive_int_or_float_and_no_bool():
+    assert inputs.positive_number(1) and inputs.positive_number(1e-300)
+    assert not inputs.positive_number(0) and not inputs.positive_number(True)
+
+
+def test_a_records_gpu_memory_may_lie_at_either_end_of_its_span_1_gib_to_1_pib():
+    assert inputs.within("device_total_bytes", 2**30) and inputs.within("device_total_bytes", 2**50)
+    assert not inputs.within("device_total_bytes", 2**30 - 1) and not inputs.within("device_total_bytes", 2**50 + 1)
+
+
+def test_a_calibration_over_fewer_than_min_steady_steps_is_uncertain():
+    def over(steps):
+        return inputs.Calibration("a run", 0.5, 0.5, steps, "1.3b", 1024, 1, False)
+    assert over(inputs.MIN_STEADY - 1).uncertain and not over(inputs.MIN_STEADY).uncertain
+
+
+def test_runs_of_more_ranks_than_a_node_holds_are_not_on_one_node():
+    assert inputs.one_node([RankResult(world_size=8, ranks_per_node=8)])
+    assert not inputs.one_node([RankResult(world_size=16, ranks_per_node=8)])
+
+
+def test_a_run_without_records_gives_no_world_1_measurement(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage 0": []}}))
+    assert steptime.measured(tmp_path) == {}
 
 
 def test_a_summary_whose_runs_are_not_lists_of_records_is_refused(tmp_path):
@@ -268,6 +408,12 @@ def test_a_summary_whose_runs_are_not_lists_of_records_is_refused(tmp_path):
 
 TINY = shapes.PRESETS["tiny"]  # 2 layers, 4 heads, d_model 128, model.py's block (GELU MLP 4x wide, LayerNorms)
 TINY_PER_TOKEN = 2 * 16 * 128 + 2 * 2 * 4  # bf16: 16 values of d_model and two LayerNorms' fp32 mean and rstd
+
+
+def test_the_tiny_preset_has_the_parameters_torch_counted_in_a_run():
+    """docs/training-recipe.md and the cpu-stages summary.json's params_total: 462,336. Read at call time, as TINY
+    above was bound when this file was imported."""
+    assert shapes.PRESETS["tiny"].params == 462_336
 
 
 def test_each_group_of_model_states_is_held_as_a_share_of_what_one_rank_would_hold_alone():
@@ -352,3 +498,141 @@ def test_a_plan_takes_up_to_2_to_the_20_gpus():
     assert plan.whole("gpus")(str(2**20)) == 2**20
     with pytest.raises(argparse.ArgumentTypeError, match="from 1 to 1,048,576"):
         plan.whole("gpus")(str(2**20 + 1))
+
+
+def test_a_group_held_exactly_at_its_promise_or_at_the_edge_of_its_tolerance_holds_as_promised():
+    promised = {"params": 0.5, "grads": 0.5, "optimizer": 0.5}
+    assert predict.holds_as_promised(promised, promised, 3, 0.0, 0.0)  # no tolerance: the promise itself
+    assert predict.holds_as_promised({**promised, "params": 0.75}, promised, 3, 0.0, 0.5)  # 0.5 + 0.5 x 0.5
+
+
+def test_only_deepspeeds_stages_1_and_2_make_reduction_buckets():
+    zero = {"reduce_bucket_size": 100, "overlap_comm": False}
+    assert predict.grad_bucket_bytes(1, "deepspeed", 2, zero) == 2 * 100
+    assert [predict.grad_bucket_bytes(stage, "deepspeed", 2, zero) for stage in (0, 3)] == [0, 0]
+    assert predict.grad_bucket_bytes(2, "fsdp2", 2, zero) == 0
+
+
+def test_stage_1_moves_a_tensor_as_large_as_its_bucket_into_the_bucket():
+    """stage_1_and_2.py reduces on its own only a tensor of more elements than reduce_bucket_size
+    (`param.numel() > self.reduce_bucket_size`). Two tensors of 100 on 2 ranks: rank 1's partition is the second."""
+    assert predict.moved_grad_elems([[100, 100]], 2, 1, 100) == 100
+
+
+def test_stage_1_moves_nothing_of_a_tensor_larger_than_its_bucket():
+    assert predict.moved_grad_elems([[100, 100]], 2, 1, 99) == 0
+
+
+def test_at_stage_1_a_partition_as_large_as_the_gradients_moved_before_it_adds_nothing_to_reduce():
+    """Two tensors of 4 on 2 ranks, a bucket of 100: rank 1 copies its 4 elements once the first 4 have moved
+    into the bucket, freeing theirs; no tensor is reduced on its own."""
+    assert predict.stage1_reduction_elems([[4, 4]], 2, 1, {"reduce_bucket_size": 100}) == 4 - 4
+
+
+def test_one_rank_is_the_only_telling_rank():
+    assert predict.telling_ranks(1, "deepspeed", 1, TINY.params, TINY, memory.NO_OFFLOAD) == [0]
+
+
+def test_the_last_rank_is_a_telling_rank_though_it_holds_only_the_groups_padding():
+    """tiny's two groups, 458,752 and 3,584 elements, in partitions of 460 and 4 elements on 1000 ranks (each padded
+    to 2 elements a rank): their last elements fall in ranks 997 and 895, and rank 999 holds padding alone."""
+    assert [sum(group) for group in TINY.decay_groups] == [458_752, 3_584]
+    assert max(predict.telling_ranks(1, "deepspeed", 1000, TINY.params, TINY, memory.NO_OFFLOAD)) == 999
+
+
+def test_rehearsed_ranks_regather_the_whole_model_at_the_step_and_one_rank_regathers_nothing():
+    """DeepSpeed's all_gather_into_tensor_dp_groups skips a data-parallel group of one rank (`dp_world_size == 1`)."""
+    assert moments.regathered_bytes(2, "deepspeed", 2, 1000, 2, True) == 2 * 1000
+    assert moments.regathered_bytes(2, "deepspeed", 2, 1000, 1, True) == 0
+
+
+def test_backwards_end_holds_every_gradient_made_the_weights_gathered_and_the_first_blocks_activations():
+    terms = dict.fromkeys((f.name for f in dataclasses.fields(memory.MemoryTerms)), 0)
+    peak = memory.MemoryTerms(**{**terms, "breakdown": {"grads": 20}, "states": 100, "freed_grads": 20,
+                                 "gathered": 10, "last_block": 5}).peak
+    assert peak == (100 - 20) + (20 + 10 + 5)  # the gradients freed between steps are not held throughout
+
+
+def test_without_a_shape_stage_3_gathers_the_module_and_the_prefetch_bucket_and_keeps_no_weights_for_backward():
+    """Without a shape the layers and the output layer are unknown: the weights that autograd keeps are not counted."""
+    run = options.run_from({"stage": 3, "dtype": "bf16", "checkpoint": False})
+    zero = {"stage3_prefetch_bucket_size": 50, "memory_efficient_linear": False}
+    fetched = memory.fetched_weights(run, None, memory.Counts(params=10_000, block=100, root=10), zero, 2, True)
+    assert (fetched["gathered"], fetched["saved_weights"]) == (2 * (100 + 50), 0)
+
+
+ROPE_TINY = dataclasses.replace(TINY, positions="rope")  # tiny's blocks with no position embedding; heads of 32
+ROPE_PER_TOKEN = 2 * 2 * 32  # bf16 cos and sin, one head's width each
+
+
+def test_the_activations_when_backward_starts_hold_rotary_positions_cos_and_sin_once():
+    tokens = 256
+    rope = activations.activation_bytes(ROPE_TINY, "bf16", 1, tokens, False, True, 256)
+    assert rope - activations.activation_bytes(TINY, "bf16", 1, tokens, False, True, 256) == tokens * ROPE_PER_TOKEN
+
+
+def test_a_recomputed_block_keeps_rotary_positions_cos_and_sin():
+    tokens = 256
+    rope = activations.blocks_backward_bytes(ROPE_TINY, "bf16", 1, tokens, True, True)
+    assert rope - activations.blocks_backward_bytes(TINY, "bf16", 1, tokens, True, True) == tokens * ROPE_PER_TOKEN
+
+
+RMS_TINY = dataclasses.replace(TINY, norm_kind="rmsnorm")
+
+
+def test_an_rmsnorm_saves_its_input_in_fp32_its_rstd_and_its_normalised_input():
+    assert activations.norm_bytes(RMS_TINY, 2) == 4 * 128 + 4 + 2 * 128
+
+
+def test_the_final_rmsnorm_saves_what_norm_bytes_says_besides_the_output_layers_input():
+    """A LayerNorm's input alone (bf16, 128 values) against an RMSNorm's 772 bytes a token."""
+    tokens = 256
+    rms = activations.output_layer_bytes(RMS_TINY, 2, tokens, 256)
+    assert rms - activations.output_layer_bytes(TINY, 2, tokens, 256) == tokens * (772 - 2 * 128)
+
+
+def test_a_gated_mlp_keeps_four_values_of_its_inner_width_a_token_where_gelus_keeps_two():
+    tokens = 256
+    gated = activations.block_activation_bytes(dataclasses.replace(TINY, mlp="gated"), 2, tokens, 256, True)
+    assert gated - activations.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * 2 * (4 - 2) * 512
+
+
+def test_stage_3_fetches_only_the_tensors_above_the_persistence_threshold():
+    """partition_parameters.py persists a tensor of `ds_numel <= param_persistence_threshold` elements. At 128:
+    tiny's block fetches its four matrices and qkv's and the MLP's first biases; its norms and other biases persist."""
+    forward, _ = coordinator.fetch_order(TINY, {"stage3_param_persistence_threshold": 128}, False)
+    block = [n for _, n in forward[3]]
+    assert block == [3 * 128**2, 128**2, 4 * 128**2, 4 * 128**2, 3 * 128, 4 * 128]
+
+
+def test_a_released_tensor_used_again_within_the_reuse_distance_stays_fetched():
+    """partitioned_param_coordinator.py keeps the modules ahead while fewer than max_reuse_distance elements were
+    traversed: after a's module, b's 10 elements, then a again."""
+    order = [[("a", 10)], [("b", 10)], [("a", 10)]]
+
+    def after_release(reuse):
+        c = coordinator.Coordinator(order, {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 0,
+                                            "stage3_max_reuse_distance": reuse})
+        c.fetch()
+        c.release(0)
+        return c.fetched
+    assert after_release(11) == {"a"}
+    assert after_release(10) == set()
+
+
+def test_a_gated_mlps_attention_has_q_k_and_v_apart_though_its_keys_are_as_wide_as_its_queries():
+    """model.py's GELU block fuses q, k and v in one matrix; a Llama layer (q_proj, k_proj, v_proj) keeps three."""
+    matrices, _ = dataclasses.replace(TINY, mlp="gated").block_tensors
+    assert matrices[:4] == [128**2] * 4
+
+
+def test_deepspeeds_stage_3_gathers_every_weight_again_in_backward_where_fsdp2_keeps_its_root():
+    assert timing.collectives(3, "deepspeed", 2, 1000, 100) == [
+        ("all_gather", "forward", 2000), ("all_gather", "backward", 2000), ("reduce_scatter", "backward", 2000)]
+    assert timing.collectives(3, "fsdp2", 2, 1000, 100)[1] == ("all_gather", "backward", 2 * (1000 - 100))
+
+
+def test_deepspeeds_stage_3_gathers_a_block_at_a_time_and_reduces_in_buckets():
+    zero = {"reduce_bucket_size": 100}
+    assert timing.message_bytes("all_gather", 3, "deepspeed", 2, 1000, zero) == 2 * 1000
+    assert timing.message_bytes("reduce_scatter", 3, "deepspeed", 2, 1000, zero) == 2 * 100
