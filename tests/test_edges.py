@@ -577,6 +577,14 @@ def test_a_recomputed_block_keeps_rotary_positions_cos_and_sin():
     assert rope - activations.blocks_backward_bytes(TINY, "bf16", 1, tokens, True, True) == tokens * ROPE_PER_TOKEN
 
 
+
+def test_every_blocks_saved_tensors_hold_rotary_positions_cos_and_sin_once_for_all_blocks():
+    """Each block's attention saves the same cos and sin by reference: one copy, whatever the layers (2 here)."""
+    tokens = 256
+    rope = activations.blocks_backward_bytes(ROPE_TINY, "bf16", 1, tokens, False, True)
+    assert rope - activations.blocks_backward_bytes(TINY, "bf16", 1, tokens, False, True) == tokens * ROPE_PER_TOKEN
+
+
 RMS_TINY = dataclasses.replace(TINY, norm_kind="rmsnorm")
 
 

@@ -71,7 +71,9 @@ def activation_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, 
 def blocks_backward_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, checkpoint: bool,
                           flash: bool) -> int:
     """The activations when the blocks' backward starts, the output layer's done: every block's saved tensors, or with
-    checkpointing each block's input and the last block recomputed."""
+    checkpointing each block's input and the last block recomputed; the rotary positions once, which every block
+    saves by reference."""
     width, tokens = WIDTH[dtype], micro_batch * seq
-    block = block_activation_bytes(shape, width, tokens, seq, flash) + positions_bytes(shape, width, tokens)
-    return shape.layers * width * tokens * shape.d_model + block if checkpoint else shape.layers * block
+    block = block_activation_bytes(shape, width, tokens, seq, flash)
+    saved = shape.layers * width * tokens * shape.d_model + block if checkpoint else shape.layers * block
+    return saved + positions_bytes(shape, width, tokens)
