@@ -413,36 +413,49 @@ def test_bad_data_is_refused_in_one_line(case, check, tmp_path):
 # -----------------------------------------------------------------------------
 # files this user may not read
 
-def bound_by_permissions():
-    """The command before a process's own under which file permissions bind it. As a user other than root, none.
-    As root: runuser to nobody (as tests/test_launchers.py does) where nobody can run this Python; else setpriv,
-    root without the two capabilities by which it reads any file (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), where
-    this Python is in a folder that only root may enter (pyenv's, under a /root of mode 0700)."""
-    if os.geteuid() != 0:
-        return []
-    nobody = ["runuser", "-u", "nobody", "--"]
-    if shutil.which("runuser") and subprocess.run([*nobody, sys.executable, "-c", "import torch, deepspeed"],
-                                                  cwd=ROOT, capture_output=True, timeout=300).returncode == 0:
-        return nobody
-    dropped = "-dac_override,-dac_read_search"
-    if shutil.which("setpriv"):
-        return ["setpriv", f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--"]
-    pytest.skip("root here reads every file, and neither runuser nor setpriv can make a process that does not")
+# As root, one process: the check first as root, on a copy of the file and its output discarded, which reads every
+# module the check imports; then as nobody, on the file itself. This Python's folder may be root's alone (pyenv's,
+# under a /root of mode 0700), so that nobody could not start it; a module left to import as nobody fails with
+# another message than the one asserted.
+BECOME_NOBODY = """import os, pwd, runpy, shutil, sys, tempfile
+sys.path.insert(0, os.getcwd())
+script, option, path, *rest = sys.argv[1:]
+saved = os.dup(1), os.dup(2)
+quiet = os.open(os.devnull, os.O_WRONLY)
+os.dup2(quiet, 1); os.dup2(quiet, 2)
+copy = tempfile.mkdtemp()
+sys.argv = [script, option, shutil.copy(path, copy), *rest]
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit:
+    pass
+sys.stdout.flush(); sys.stderr.flush()
+os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+shutil.rmtree(copy)
+nobody = pwd.getpwnam("nobody")
+os.setgroups([]); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid)
+sys.argv = [script, option, path, *rest]
+runpy.run_path(script, run_name="__main__")"""
+
+
+def as_another_user(*argv: str) -> list[str]:
+    """A command that runs a script of this Python (argv) as a user other than root, whom file permissions bind:
+    as this user where it is not root, else as nobody (BECOME_NOBODY)."""
+    return [sys.executable, *argv] if os.geteuid() != 0 else [sys.executable, "-c", BECOME_NOBODY, *argv]
 
 
 @pytest.fixture(scope="module")
 def unreadable():
     """unreadable(name, content): a file of this content that no one may read, in a folder that anyone may enter
-    (pytest's own is root's alone), and the check of train_gpt.py as a process bound by its permissions."""
+    (pytest's own is root's alone), and the check of train_gpt.py, run as a user other than root."""
     folder = Path(tempfile.mkdtemp(prefix="zero3-unreadable-"))
     folder.chmod(0o755)
-    prefix = bound_by_permissions()
 
     def check_unreadable(option, name, content):
         path = folder / name
         path.write_bytes(content)
         path.chmod(0)
-        proc = subprocess.run([*prefix, sys.executable, "train_gpt.py", option, str(path), "--check"], cwd=ROOT,
+        proc = subprocess.run(as_another_user("train_gpt.py", option, str(path), "--check"), cwd=ROOT,
                               capture_output=True, text=True, timeout=300)
         return path, SimpleNamespace(status=proc.returncode, out=proc.stdout.splitlines(),
                                      err=proc.stderr.splitlines())
