@@ -637,17 +637,18 @@ def test_cpu_adam_is_shared_by_the_ranks_of_a_node_and_falls_once_the_ranks_span
     assert compute[8] - compute[16] == pytest.approx(adam / 2, rel=1e-6)
 
 
-def two_gpu_errors(calibrating):
-    """plan.py's step against each 2-H200 run of 15-final5 (stage 0, 3, FSDP2), by (setup, micro batch, ck)."""
-    errors = {}
+def two_gpu_runs(calibrating):
+    """Each 2-H200 run of 15-final5 (stage 0, 3, FSDP2) by (setup, micro batch, ck): plan.py's arguments for its
+    plan from the calibrating run, and its measured step."""
+    runs = {}
     for summary in sorted(TWO_GPUS.glob("*/summary.json")):
         for name, (r, *_) in json.loads(summary.read_text())["results"].items():
             setup = name.removeprefix("stage")
             if setup in ("0", "3", "fsdp2"):
                 argv = ["--from", calibrating, "--gpus", "2", "--gpus-per-node", "2", "--stages", setup,
                         "--micro-batch", r["micro_batch"], "--checkpoint" if r["checkpoint"] else "--no-checkpoint"]
-                errors[(setup, r["micro_batch"], r["checkpoint"])] = (argv, r["step_time_s"])
-    return errors
+                runs[(setup, r["micro_batch"], r["checkpoint"])] = (argv, r["step_time_s"])
+    return runs
 
 
 def test_two_gpus_of_another_machine_are_planned_within_20_percent_where_the_gpu_holds_the_step(capsys):
@@ -656,7 +657,7 @@ def test_two_gpus_of_another_machine_are_planned_within_20_percent_where_the_gpu
     20%. plan.py's notes give both figures (and benchmarks/logs/plan/two-gpus-*.txt each row)."""
     errors = {}
     for calibrating in (MB2, MB16):
-        for key, (argv, measured) in two_gpu_errors(calibrating).items():
+        for key, (argv, measured) in two_gpu_runs(calibrating).items():
             [row] = planned(capsys, *argv)["rows"]
             errors[(calibrating.name, *key)] = row["step_s"]["overlapped"] / measured - 1
     assert len(errors) == 18

@@ -104,9 +104,14 @@ def optimizer_s(m: Measured) -> float:
     return 0 if "optimizer" in m.offloads else OPTIMIZER_S_PER_PARAM * m.params
 
 
+def flops_s(m: Measured, micro_batch: int, checkpoint: bool, flops_per_s: float) -> float:
+    """The rows' hardware FLOPs at the GPU's rate."""
+    return micro_batch * row_flops(m, checkpoint) / flops_per_s
+
+
 def gpu_s(m: Measured, micro_batch: int, checkpoint: bool, flops_per_s: float) -> float:
     """The GPU's clock: the optimizer's pass and the rows' FLOPs at the GPU's rate."""
-    return optimizer_s(m) + micro_batch * row_flops(m, checkpoint) / flops_per_s
+    return optimizer_s(m) + flops_s(m, micro_batch, checkpoint, flops_per_s)
 
 
 def launch_s(launch_s_per_tensor_pass: float, m: Measured, checkpoint: bool) -> float:
@@ -150,8 +155,7 @@ class Clocks:
 
 
 def clocks(t: Terms, m: Measured, micro_batch: int, checkpoint: bool) -> Clocks:
-    return Clocks(host_s(t, m, checkpoint), micro_batch * row_flops(m, checkpoint) / t.gpu_flops_per_s,
-                  optimizer_s(m))
+    return Clocks(host_s(t, m, checkpoint), flops_s(m, micro_batch, checkpoint, t.gpu_flops_per_s), optimizer_s(m))
 
 
 def passes_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool) -> float:
