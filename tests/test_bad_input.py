@@ -416,7 +416,9 @@ def test_bad_data_is_refused_in_one_line(case, check, tmp_path):
 # As root, one process: the check first as root, on a copy of the file and its output discarded, which reads every
 # module the check imports; then as nobody, on the file itself. This Python's folder may be root's alone (pyenv's,
 # under a /root of mode 0700), so that nobody could not start it; a module left to import as nobody fails with
-# another message than the one asserted.
+# another message than the one asserted. The real and effective ids become nobody's, the saved ones stay root's,
+# and root's come back before the exit: what the imports left for the exit to clean up is root's (torch 2.4's
+# TemporaryDirectory in torch.distributed.nn.jit.instantiator), which nobody could not remove.
 BECOME_NOBODY = """import os, pwd, runpy, shutil, sys, tempfile
 sys.path.insert(0, os.getcwd())
 script, option, path, *rest = sys.argv[1:]
@@ -433,9 +435,12 @@ sys.stdout.flush(); sys.stderr.flush()
 os.dup2(saved[0], 1); os.dup2(saved[1], 2)
 shutil.rmtree(copy)
 nobody = pwd.getpwnam("nobody")
-os.setgroups([]); os.setgid(nobody.pw_gid); os.setuid(nobody.pw_uid)
+os.setgroups([]); os.setresgid(nobody.pw_gid, nobody.pw_gid, 0); os.setresuid(nobody.pw_uid, nobody.pw_uid, 0)
 sys.argv = [script, option, path, *rest]
-runpy.run_path(script, run_name="__main__")"""
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    os.setresuid(0, 0, 0); os.setresgid(0, 0, 0)"""
 
 
 def as_another_user(*argv: str) -> list[str]:
