@@ -5,7 +5,7 @@ allocates there. Pure arithmetic, as predict.py.
 import math
 from typing import Any
 
-from zero3bench.accounting.moments import prefetch_reach
+from zero3bench.accounting.moments import prefetch_reach, taken_by_prefetch
 from zero3bench.accounting.predict import zero_setting
 from zero3bench.accounting.predict import ADAM_BYTES, MASTER_BYTES
 from zero3bench.accounting.shapes import ModelShape
@@ -32,9 +32,11 @@ def sub_groups(shard: float, zero: dict[str, Any]) -> list[float]:
 def staging_bytes(width: int, world: int, zero: dict[str, Any], shape: ModelShape, params: float) -> float:
     """Ranks rehearsed on one GPU talk over gloo, which copies each all-gather's input and output through pinned
     host blocks that torch's allocator keeps: one pair for each gather in flight at once, as many as the prefetch
-    holds ahead of backward (moments.prefetch_reach), one prefetch each."""
-    twelfths, ahead = prefetch_reach(zero, shape, params)
-    gather = twelfths * shape.d_model**2 if twelfths <= 12 else zero_setting(zero, "stage3_prefetch_bucket_size")
+    holds ahead of backward (moments.prefetch_reach), one prefetch each: the block's matrices it takes, or, where
+    it takes more than a block, the prefetch bucket."""
+    _, ahead = prefetch_reach(zero, shape, params)
+    bucket = zero_setting(zero, "stage3_prefetch_bucket_size")
+    gather = max(taken_by_prefetch(bucket, shape.block_tensors[0]), bucket)
     return math.ceil(ahead / gather) * (pinned(width * gather) + pinned(width * gather / world))
 
 
