@@ -10,7 +10,8 @@ defaults swapped, so that every name bound to it sees the change), which is what
 fit in a quarter of an hour on two busy cores; and each mutant runs only the tests that call its function (as
 the unmutated run traced them), each file's quickest first. Only launch-free tests run: a test that asks a launch fixture
 (conftest's @shared ones), is marked gpu, or took over 5 s unmutated is left out. A mutant whose tests run past
-TIMEOUT_S is killed (an endless loop). Mutants are keyed by module, function and the line's text, never by line
+TIMEOUT_S, or past SLOWER times what they took unmutated where that is longer (a constant's mutant runs all its
+module's tests), is killed (an endless loop). Mutants are keyed by module, function and the line's text, never by line
 number. Where the budget cannot hold every mutant, each module gets its share of the budget (by its count of
 mutants), and its mutants run in turns over its functions (each function's first, then each one's second, ...),
 so that those run where the time ran out are spread over every function.
@@ -18,6 +19,8 @@ so that those run where the time ran out are spread over every function.
 import argparse
 import ast
 import copy
+import functools
+import gc
 import os
 import re
 import signal
@@ -28,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 TIMEOUT_S = 30
+SLOWER = 3  # a loaded machine runs the same tests up to about twice as slowly
 
 # module -> its fast tests (the files that exercise it), the most killing first as -x stops at the first failure
 # (test_bad_input.py's --check cases and test_sharding.py also read the prediction, but cost 4 s a mutant more)
@@ -226,9 +230,18 @@ def run_tests(files, selection, first_failure=True):
     return pytest.main([*(["-x"] if first_failure else []), *args], plugins=[selection])
 
 
-def in_a_fork(module_name, qualname, source, files, selection):
+@functools.cache
+def caches():
+    """Every functools cache in this process, once the tests are imported: the unmutated run filled them with
+    unmutated results (tests/test_golden.py's reports of every committed folder among them), which a mutant's
+    tests would read back rather than compute."""
+    return [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper) and o is not caches]
+
+
+def in_a_fork(module_name, qualname, source, files, selection, unmutated_s=0.0):
     """'killed', 'survived', 'timeout', or 'invalid' where the mutated module does not run: the tests against
-    the mutant, in a child process."""
+    the mutant, in a child process (unmutated_s: what these tests took unmutated), its caches emptied."""
+    filled = caches()
     child = os.fork()
     if child == 0:
         try:
@@ -236,10 +249,12 @@ def in_a_fork(module_name, qualname, source, files, selection):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1), os.dup2(devnull, 2)
             swapped(sys.modules[module_name], qualname, source)
+            for cache in filled:
+                cache.cache_clear()
         except BaseException:  # noqa: BLE001 -- a mutant that cannot even be made (a tuple less a tuple)
             os._exit(3)
         os._exit(0 if run_tests(files, selection) == 0 else 1)
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + max(TIMEOUT_S, SLOWER * unmutated_s)
     while time.monotonic() < deadline:
         done, status = os.waitpid(child, os.WNOHANG)
         if done:
@@ -333,7 +348,8 @@ def main():
             if not tests:
                 outcome = "uncovered"
             else:
-                outcome = in_a_fork(module_name, qualname, source, tests, selection)
+                outcome = in_a_fork(module_name, qualname, source, tests, selection,
+                                    sum(timing.durations[t] for t in tests))
             counts[outcome] = counts.get(outcome, 0) + 1
             ran += 1
             if outcome not in ("killed", "invalid"):

@@ -18,12 +18,13 @@ if __name__ == "__main__":
     log, parts, tests = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
     found = [LINE.match(line) for line in Path(log).read_text().splitlines()]
     selection = mutants.Selection(mutants.launch_fixtures())
-    mutants.run_tests(tests, selection, first_failure=False)  # imports the tests once, as mutants.py does
+    mutants.run_tests(tests, selection, first_failure=False)  # imports the tests once, as mutants.py does, timed
+    unmutated_s = sum(selection.durations.values())
     for m in filter(None, found):
         module, qualname, what, same, text = m[2], m[3], m[4], int(m[5] or 1) - 1, m[6]
         if any(part in module for part in parts):
             __import__(module)
             source = Path(sys.modules[module].__file__).read_text()
             found = [x for x in mutants.mutants(source) if x[:4] == (qualname, text, what, same)]
-            verdict = mutants.in_a_fork(module, qualname, found[0][4], tests, selection) if found else "gone"
+            verdict = mutants.in_a_fork(module, qualname, found[0][4], tests, selection, unmutated_s) if found else "gone"
             print(verdict, module, qualname, what, text[:70])  # gone: its line has changed since the log

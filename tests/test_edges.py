@@ -9,7 +9,7 @@ import pytest
 
 import plan
 from zero3bench import options
-from zero3bench.accounting import activations, coordinator, memory, moments, predict, shapes, timing
+from zero3bench.accounting import activations, coordinator, host, memory, moments, predict, shapes, timing
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
 from zero3bench.planning import cluster, inputs, steptime
@@ -644,3 +644,143 @@ def test_deepspeeds_stage_3_gathers_a_block_at_a_time_and_reduces_in_buckets():
     zero = {"reduce_bucket_size": 100}
     assert timing.message_bytes("all_gather", 3, "deepspeed", 2, 1000, zero) == 2 * 1000
     assert timing.message_bytes("reduce_scatter", 3, "deepspeed", 2, 1000, zero) == 2 * 100
+
+
+# -----------------------------------------------------------------------------
+# the run at 051b136 (benchmarks/logs/cpu/mutants/survivors.md)
+
+def bf16(stage, **settings):
+    return options.run_from({"stage": stage, "dtype": "bf16", **settings})
+
+
+def test_a_rank_whose_partition_lies_wholly_in_the_groups_padding_holds_one_partition_of_padding():
+    """3 elements on 4 ranks, padded to 2 a rank: rank 3's partition is elements 6 and 7, both padding; rank 1's
+    holds the tensor's last element and one of padding, and keeps the whole tensor."""
+    assert predict.whole_tensor_grad_elems([[3]], 4, 3) == 2
+    assert predict.whole_tensor_grad_elems([[3]], 4, 1) == 3 + 1
+
+
+def test_the_telling_ranks_are_those_where_a_tensor_starts_or_ends_and_the_first_and_last():
+    """Read off the partitions: rank r holds elements [r * part, (r + 1) * part) of each flat group."""
+    world = 1000
+    expected = {0, world - 1}
+    for group in TINY.decay_groups:
+        part = math.ceil(sum(group) / (predict.ALIGNMENT * world)) * predict.ALIGNMENT
+        start = 0
+        for n in group:
+            expected |= {r for r in range(world) if r * part <= start < (r + 1) * part
+                         or r * part <= start + n - 1 < (r + 1) * part}
+            start += n
+    assert predict.telling_ranks(1, "deepspeed", world, TINY.params, TINY, memory.NO_OFFLOAD) == sorted(expected)
+
+
+def test_a_record_without_a_shape_predicts_no_activations_and_nothing_of_blocks_or_an_output_layer():
+    """Counts alone: stage 3 on 2 ranks reduces its bucket in backward (a flat copy and this rank's half of it)
+    with no block's activations or tied embedding's gradient besides, and prefetches nothing it could size."""
+    m = memory.rank_memory(bf16(3, micro_batch=2, seq=64, checkpoint=True), None, memory.Counts(10**9),
+                           {"reduce_bucket_size": 100}, memory.Seat(2))
+    assert (m.activations, m.last_block, m.prefetched, m.scatter) == (0, 0, 0, 2 * 100 * 1.5)
+    assert memory.activations(bf16(3), None, memory.Seat(2)) == {"activations": 0, "last_block": 0, "blocks": 0}
+
+
+def test_a_block_that_activations_py_does_not_know_has_its_activations_not_predicted():
+    unknown = dataclasses.replace(TINY, activations_known=False)
+    assert memory.activations(bf16(3, micro_batch=2, seq=64), unknown, memory.Seat(2)) == {
+        "activations": None, "last_block": 0, "blocks": 0}
+
+
+def test_without_a_shape_stage_0s_reduction_bucket_passes_500m_elements_by_nothing():
+    m = memory.rank_memory(bf16(0), None, memory.Counts(10**9), {}, memory.Seat(2))
+    assert m.reduction == 2 * 500_000_000
+
+
+def test_the_last_blocks_activations_are_one_blocks_at_the_micro_batchs_tokens():
+    m = memory.rank_memory(bf16(3, micro_batch=2, seq=256), TINY, memory.Counts.of_shape(TINY), {}, memory.Seat(2))
+    assert m.last_block == 2 * 256 * (TINY_PER_TOKEN + 4 * 4)  # flash, as on a GPU in 16 bits
+
+
+def test_an_offloaded_optimizer_makes_no_reduction_copy_and_keeps_no_gradients_on_the_gpu():
+    """Stage 2 offloading its optimizer copies each reduced bucket to the host: no contiguous partition of
+    gradients on the device, and no gradients freed between steps there."""
+    offload = {"optimizer": "cpu", "param": None}
+    m = memory.rank_memory(bf16(2, offload=offload), TINY, memory.Counts.of_shape(TINY), {}, memory.Seat(2, 0))
+    assert (m.reduction, m.partition_grads, m.freed_grads) == (0, 0, 0)
+
+
+def test_a_cpu_rank_has_no_workspace_and_no_host_buffers_apart_from_its_memory():
+    offload = {"optimizer": "cpu", "param": None}
+    m = memory.rank_memory(bf16(3, offload=offload), TINY, memory.Counts.of_shape(TINY), {},
+                           memory.Seat(2, on_gpu=False))
+    assert (m.workspace, m.host_buffers) == (0, 0)
+
+
+def test_a_prefetch_takes_whole_tensors_while_it_has_fewer_elements_than_its_bucket():
+    """partitioned_param_coordinator.py prefetches while `numel_prefetching < max_params_to_prefetch`: with a
+    bucket of 11, b's 10 leave it one short, so c comes too."""
+    order = [[("a", 10)], [("b", 10)], [("c", 10)]]
+    c = coordinator.Coordinator(order, {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 11,
+                                        "stage3_max_reuse_distance": 0})
+    c.fetch()
+    assert c.fetched == {"a", "b", "c"}
+
+
+def test_without_a_reuse_distance_a_tensor_used_again_by_the_next_module_is_released():
+    """partitioned_param_coordinator.py keeps a tensor whose use the prefetch queued past only where that use comes
+    after the next module (`__most_recent_step_id_param_fetched_for[param] > step_id`)."""
+    c = coordinator.Coordinator([[("a", 10)], [("a", 10)]], {
+        "stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 100, "stage3_max_reuse_distance": 0})
+    c.fetch()
+    c.release(0)
+    assert (c.fetched, c.elements) == (set(), 0)
+
+
+def test_with_checkpointing_backward_fetches_each_block_twice_for_its_backward_and_its_recomputed_forward():
+    forward, backward = coordinator.fetch_order(TINY, {}, True)
+    blocks = forward[3:3 + TINY.layers]  # after the root, the embedding and the positions
+    assert backward == [[], forward[-1], forward[-2], blocks[1], blocks[1], blocks[0], blocks[0], forward[2],
+                        forward[1]]
+    assert coordinator.fetch_order(TINY, {}, False)[1][3:5] == [blocks[1], blocks[0]]
+
+
+def test_a_partition_that_fills_its_sub_groups_exactly_has_no_empty_last_one():
+    assert host.sub_groups(2e9, {"sub_group_size": 1e9}) == [1e9, 1e9]
+
+
+def test_gloos_staging_holds_a_pinned_pair_for_each_gather_in_flight_of_what_one_prefetch_takes():
+    """A prefetch bucket of 140,000 elements takes tiny's whole block (its first three matrices are 131,072), so a
+    gather in flight is 196,608 elements: 2**19 and 2**18 pinned bytes in bf16 on 2 ranks."""
+    zero = {"stage3_prefetch_bucket_size": 140_000, "stage3_max_live_parameters": 1e9}
+    _, ahead = moments.prefetch_reach(zero, TINY, TINY.params)
+    assert host.staging_bytes(2, 2, zero, TINY, TINY.params) == math.ceil(ahead / 196_608) * (2**19 + 2**18)
+    assert math.ceil(ahead / 196_608) != math.ceil(ahead / 140_000)
+
+
+def test_gloos_staging_gathers_a_gated_blocks_own_share_where_its_matrices_are_not_12_d_squared():
+    """Llama's block (q, k, v, o at grouped-query widths, then gate, up and down): a bucket of 1 takes its first
+    matrix, q's d**2 of the block's matrices."""
+    llama = dataclasses.replace(TINY, kv_heads=2, ffn=344, mlp="gated", norm_kind="rmsnorm", positions="rope",
+                                bias=False)
+    zero = {"stage3_prefetch_bucket_size": 1, "stage3_max_live_parameters": 1e9}
+    _, ahead = moments.prefetch_reach(zero, llama, llama.params)
+    assert llama.block_tensors[0][0] == 128**2 != sum(llama.block_tensors[0]) / 12
+    assert host.staging_bytes(2, 2, zero, llama, llama.params) == math.ceil(ahead / 128**2) * (2**15 + 2**14)
+
+
+def test_llama_shapes_count_the_parameters_that_meta_publishes():
+    """Llama 3.1 8B (untied, 8,030,261,248) and Llama 3.2 1B (tied, 1,235,814,400), from their configs: RMSNorms of a
+    weight alone, rotary positions without parameters, a gated MLP of three d x ffn matrices, no biases."""
+    llama = dict(kv_heads=8, mlp="gated", norm_kind="rmsnorm", positions="rope", bias=False)
+    eight = shapes.ModelShape(32, 32, 4096, 128_256, 8192, None, ffn=14_336, tied=False, **llama)
+    one = shapes.ModelShape(16, 32, 2048, 128_256, 8192, None, ffn=8192, tied=True, **llama)
+    assert (eight.params, one.params) == (8_030_261_248, 1_235_814_400)
+
+
+def test_the_gpt_presets_have_gpt_3s_layers_widths_and_head_widths_with_gpt_2s_vocabulary():
+    """Brown et al. 2020, Table 2.1 (n_layers, d_model, d_head; its n_heads of 24 for 1.3B would not divide 2048 into
+    heads of 128), GPT-2's 50,257 tokens, and a context of 1,024 (GPT-2's)."""
+    table = {"125m": (12, 768, 64), "350m": (24, 1024, 64), "760m": (24, 1536, 96), "1.3b": (24, 2048, 128),
+             "2.7b": (32, 2560, 80), "6.7b": (32, 4096, 128)}
+    presets = {name: shapes.PRESETS[name] for name in table}
+    assert {name: (s.layers, s.d_model, s.d_model // s.heads) for name, s in presets.items()} == table
+    assert all(s.d_model % s.heads == 0 for s in presets.values())
+    assert {(s.vocab, s.context) for s in presets.values()} == {(50_257, 1024)}
