@@ -2,7 +2,7 @@
 (a comparison flipped, a constant changed, + and - or * and / swapped, and/or swapped, a `not` dropped), made
 one at a time; the tests that hold that module run against it, and a mutant that they all pass survives.
 
-    python3 benchmarks/mutants.py [--budget-s 900] [--only predict] [--log FILE]
+    python3 benchmarks/mutants.py [--budget-s 900] [--only predict] [--survivors-of LOG] [--log FILE]
 
 mutmut and cosmic-ray rewrite the files and start the tests anew for each mutant; here the tests are imported
 once and each mutant runs in a fork of this process, whose function takes the mutated code (its __code__ and
@@ -26,6 +26,7 @@ import re
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ TARGETS = {
     "zero3bench.reporting.verdict": VERDICT,
     "zero3bench.reporting.bounds": VERDICT,
     "zero3bench.reporting.losses": VERDICT,
-    "plan": PLAN,
+    "plan": PLAN + ["tests/test_hf.py"],  # hf_shape: a Hugging Face config, where transformers is installed
     "zero3bench.planning.inputs": PLAN,
     "zero3bench.planning.cluster": PLAN,
     "zero3bench.planning.steptime": PLAN,
@@ -235,7 +236,9 @@ def caches():
     """Every functools cache in this process, once the tests are imported: the unmutated run filled them with
     unmutated results (tests/test_golden.py's reports of every committed folder among them), which a mutant's
     tests would read back rather than compute."""
-    return [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper) and o is not caches]
+    with warnings.catch_warnings():  # isinstance on torch.distributed's deprecated names warns
+        warnings.simplefilter("ignore")
+        return [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper) and o is not caches]
 
 
 def in_a_fork(module_name, qualname, source, files, selection, unmutated_s=0.0):
@@ -299,12 +302,26 @@ def in_turns(ms):
     return [fn[i] for i in range(turns) for fn in by_function.values() if i < len(fn)]
 
 
+# a mutant that a log names as not killed: SURVIVED, TIMEOUT or UNCOVERED, module:function, the change (#n where the
+# function's line has it more than once), the line's text
+LINE = re.compile(r"^(SURVIVED|TIMEOUT|UNCOVERED)  (\S+):(\S+)  (.*?)(?: \(#(\d+)\))?  in: (.*)$")
+
+
+def named_in(log):
+    """The mutants that a log names as not killed, keyed as mutants() keys them (module, function, line's text,
+    change, index)."""
+    return {(m[2], m[3], m[6], m[4], int(m[5] or 1) - 1)
+            for m in map(LINE.match, Path(log).read_text().splitlines()) if m}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=900, help="the mutants' seconds, after the unmutated run")
     ap.add_argument("--only", default="", help="the targets whose name holds this")
+    ap.add_argument("--survivors-of", default="", help="a log: run only the mutants it names as not killed")
     ap.add_argument("--log", default="")
     args = ap.parse_args()
+    again = named_in(args.survivors_of) if args.survivors_of else None
     os.chdir(ROOT)
     sys.path[:0] = [str(ROOT), str(TESTS)]
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -329,7 +346,10 @@ def main():
     for module_name, tfiles in targets.items():
         __import__(module_name)
         module = sys.modules[module_name]
-        plans[module_name] = (tfiles, mutants(Path(module.__file__).read_text()))
+        ms = mutants(Path(module.__file__).read_text())
+        ms = ms if again is None else [m for m in ms if (module_name, *m[:4]) in again]
+        if ms:
+            plans[module_name] = (tfiles, ms)
     left = sum(len(ms) for _, ms in plans.values())
     say(f"# {left} mutants over {len(plans)} modules, within {args.budget_s:.0f} s")
     counts = {}

@@ -4,11 +4,12 @@ import argparse
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 import plan
-from zero3bench import options
+from zero3bench import options, stages
 from zero3bench.accounting import activations, coordinator, host, memory, moments, predict, shapes, timing
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
@@ -784,3 +785,77 @@ def test_the_gpt_presets_have_gpt_3s_layers_widths_and_head_widths_with_gpt_2s_v
     assert {name: (s.layers, s.d_model, s.d_model // s.heads) for name, s in presets.items()} == table
     assert all(s.d_model % s.heads == 0 for s in presets.values())
     assert {(s.vocab, s.context) for s in presets.values()} == {(50_257, 1024)}
+
+
+def test_a_row_crosses_no_link_on_one_gpu_nvlink_within_a_node_and_the_network_beyond_it(capsys):
+    capsys.readouterr()
+    plan.main(["--preset", "tiny", "--stages", "3", "--gpus", "1", "2", "8", "9", "--gpus-per-node", "8", "--json"])
+    links = {r["gpus"]: r["link"] for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert links == {1: "none", 2: "intra", 8: "intra", 9: "inter"}
+
+
+def test_zero_infinity_fetches_each_ranks_partition_of_the_weights_from_the_host():
+    model, i = tiny_planned("--offload-param")
+    fetched = {world: [c.bytes for c in cluster.step_collectives("3", model, i, world, {})
+                       if c.kind == "host_copy" and c.phase == "forward"] for world in (1, 8)}
+    assert fetched == {1: [2 * model.params], 8: [2 * model.params / 8]}
+
+
+def test_a_model_of_params_alone_offloading_stage_3s_optimizer_plans_the_hosts_whole_resident_set():
+    """host.host_peak_bytes, the process's own 1.26 GB among it, and not only the offloaded states."""
+    args = plan.parse_args(["--params", "1e9", "--offload"])
+    model = plan.resolve_model(args)
+    i = plan.settle(args, model).inputs
+    m = cluster.memory("3", model, i, 8, {})
+    assert cluster.host_per_rank("3", model, i, 8, {}, m) > host.PROCESS_BYTES
+
+
+def test_a_stage_3_run_whose_gpu_clock_lies_under_its_launches_and_hooks_sets_zero_3s_own_cost_per_tensor():
+    """1.3b-like at micro batch 8 with checkpointing: the GPU's clock (0.25 s) is past the launches (0.17 s) but
+    short of them with ZeRO-3's hooks at the constant (0.29 s), so the host holds stage 3's step, which sets the
+    hooks' cost."""
+    def run(stage, step_s):
+        return steptime.Measured(str(stage), "1.3b", stage, 8, True, step_s, 1024, 6 * 1.3e9, int(1.3e9), 292,
+                                 frozenset())
+    zero, three = run(0, 0.25), run(3, 0.30)
+    launches = steptime.launch_s(steptime.LAUNCH_S_PER_TENSOR_PASS, three, True)
+    assert launches < steptime.gpu_s(three, 8, True, steptime.GPU_FLOPS_PER_S) < (
+        launches + steptime.OWN_S_PER_TENSOR[3] * 292)
+    t = steptime.terms("calibrating", {"0": zero, "3": three})
+    assert t.own_s_per_tensor[3] == pytest.approx((0.30 - launches) / 292)
+
+
+def test_a_folder_of_one_rehearsal_says_it_is_one_and_of_more_that_they_are():
+    def said(rehearsals):
+        folder = inputs.Folder(Path("results"), {}, None, None, None, rehearsals, {})
+        return " ".join(inputs.folder_warnings(folder, inputs.Planned("tiny", 256, 2, mfu_given=True)))
+    assert "stage3 is a rehearsal" in said(["stage3"])
+    assert "stage0, stage3 are rehearsals" in said(["stage0", "stage3"])
+
+
+def test_a_records_peak_tflops_past_its_span_is_refused_at_its_own_unit():
+    high = inputs.SPANS["peak_tflops"].high
+    assert inputs.within("peak_tflops", high) and not inputs.within("peak_tflops", 1.5 * high)
+
+
+def test_a_number_past_the_low_end_of_a_span_without_it_is_taken_and_the_end_itself_refused():
+    above_zero = inputs.between(float, 0, 10, "a test", low_allowed=False)
+    assert above_zero("1e-9") == 1e-9
+    with pytest.raises(argparse.ArgumentTypeError, match="above 0"):
+        above_zero("0")
+
+
+def test_a_hugging_face_model_is_refused_with_a_preset_or_a_parameter_count():
+    for other in (["--preset", "tiny"], ["--params", "1e9"]):
+        with pytest.raises(BadInput, match="one of them"):
+            plan.resolve_model(plan.parse_args(["--model", "configs/models/llama-3.2-1b.json", *other]))
+
+
+def test_a_plan_without_a_micro_batch_or_a_run_plans_the_configs_rows_per_gpu_and_the_default_sequence():
+    """ds_config_stage0.json's and ds_config_stage3.json's train_micro_batch_size_per_gpu, and train_gpt.py's
+    sequence (options.DEFAULT_SEQ) for a model of params alone, which has no context of its own."""
+    configs = {json.loads(stages.config_path(stage).read_text())["train_micro_batch_size_per_gpu"] for stage in (0, 3)}
+    _, i = tiny_planned()
+    args = plan.parse_args(["--params", "1e9"])
+    alone = plan.settle(args, plan.resolve_model(args)).inputs
+    assert {i.micro_batch, alone.micro_batch} == configs and alone.seq == options.DEFAULT_SEQ
