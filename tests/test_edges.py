@@ -661,18 +661,22 @@ def test_a_rank_whose_partition_lies_wholly_in_the_groups_padding_holds_one_part
     assert predict.whole_tensor_grad_elems([[3]], 4, 1) == 3 + 1
 
 
-def test_the_telling_ranks_are_those_where_a_tensor_starts_or_ends_and_the_first_and_last():
+# a group whose last tensor ends on the first element of a partition: 5 elements on 4 ranks, 2 a rank
+ODD = dataclasses.replace(TINY, layers=1, tensors=shapes.Tensors(block=((2,), ()), groups=((5,), (1,)), root=4))
+
+
+@pytest.mark.parametrize("shape, world", [(TINY, 1000), (ODD, 4)])
+def test_the_telling_ranks_are_those_where_a_tensor_starts_or_ends_and_the_first_and_last(shape, world):
     """Read off the partitions: rank r holds elements [r * part, (r + 1) * part) of each flat group."""
-    world = 1000
     expected = {0, world - 1}
-    for group in TINY.decay_groups:
+    for group in shape.decay_groups:
         part = math.ceil(sum(group) / (predict.ALIGNMENT * world)) * predict.ALIGNMENT
         start = 0
         for n in group:
             expected |= {r for r in range(world) if r * part <= start < (r + 1) * part
                          or r * part <= start + n - 1 < (r + 1) * part}
             start += n
-    assert predict.telling_ranks(1, "deepspeed", world, TINY.params, TINY, memory.NO_OFFLOAD) == sorted(expected)
+    assert predict.telling_ranks(1, "deepspeed", world, shape.params, shape, memory.NO_OFFLOAD) == sorted(expected)
 
 
 def test_a_record_without_a_shape_predicts_no_activations_and_nothing_of_blocks_or_an_output_layer():
@@ -859,3 +863,23 @@ def test_a_plan_without_a_micro_batch_or_a_run_plans_the_configs_rows_per_gpu_an
     args = plan.parse_args(["--params", "1e9"])
     alone = plan.settle(args, plan.resolve_model(args)).inputs
     assert {i.micro_batch, alone.micro_batch} == configs and alone.seq == options.DEFAULT_SEQ
+
+
+def test_the_spans_in_gib_are_what_their_words_say():
+    words = {"none": 0, "1 GiB": 1, "1 PiB": 2**20}
+    for key in ("gpu_mem_gib", "reserve_gib", "context_gib"):
+        low, high = inputs.SPANS[key].why.split(" to ")
+        assert (inputs.SPANS[key].low, inputs.SPANS[key].high) == (words[low], words[high]), key
+
+
+def test_the_assumed_network_is_400_gbit_infiniband_per_gpu_at_0_9_of_its_rate():
+    assert inputs.ASSUMED["inter_busbw_gbs"].value == pytest.approx(400 / 8 * 0.9)
+    assert "400 Gb/s" in inputs.ASSUMED["inter_busbw_gbs"].why and "0.9" in inputs.ASSUMED["inter_busbw_gbs"].why
+
+
+def test_the_zero_settings_a_config_leaves_out_are_deepspeeds_own_defaults():
+    """DeepSpeedZeroConfig's fields, under the config's names (their aliases: stage3_max_live_parameters, ...)."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    fields = DeepSpeedZeroConfig.model_fields
+    own = {(f.alias or name): getattr(DeepSpeedZeroConfig(), name) for name, f in fields.items()}
+    assert {key: own[key] for key in predict.DEEPSPEED_DEFAULTS} == predict.DEEPSPEED_DEFAULTS
