@@ -407,6 +407,7 @@ def test_a_summary_whose_runs_are_not_lists_of_records_is_refused(tmp_path):
 # -----------------------------------------------------------------------------
 # the accounting's terms
 
+ROOT = Path(__file__).resolve().parent.parent
 TINY = shapes.PRESETS["tiny"]  # 2 layers, 4 heads, d_model 128, model.py's block (GELU MLP 4x wide, LayerNorms)
 TINY_PER_TOKEN = 2 * 16 * 128 + 2 * 2 * 4  # bf16: 16 values of d_model and two LayerNorms' fp32 mean and rstd
 
@@ -643,8 +644,16 @@ def test_deepspeeds_stage_3_gathers_every_weight_again_in_backward_where_fsdp2_k
 
 def test_deepspeeds_stage_3_gathers_a_block_at_a_time_and_reduces_in_buckets():
     zero = {"reduce_bucket_size": 100}
-    assert timing.message_bytes("all_gather", 3, "deepspeed", 2, 1000, zero) == 2 * 1000
-    assert timing.message_bytes("reduce_scatter", 3, "deepspeed", 2, 1000, zero) == 2 * 100
+    assert timing.message_bytes("all_gather", 3, "deepspeed", 2, 1000, zero, 10**6) == 2 * 1000
+    assert timing.message_bytes("reduce_scatter", 3, "deepspeed", 2, 1000, zero, 10**6) == 2 * 100
+
+
+def test_deepspeeds_stages_1_and_2_gather_the_updated_weights_in_one_call_and_reduce_in_buckets():
+    zero = {"reduce_bucket_size": 100}
+    for stage in (1, 2):
+        assert timing.message_bytes("all_gather", stage, "deepspeed", 2, 1000, zero, 10**6) == 2 * 10**6
+        assert timing.message_bytes("reduce_scatter", stage, "deepspeed", 2, 1000, zero, 10**6) == 2 * 100
+    assert timing.message_bytes("all_gather", 2, "fsdp2", 2, 1000, zero, 10**6) == 2 * 1000
 
 
 # -----------------------------------------------------------------------------
@@ -883,3 +892,10 @@ def test_the_zero_settings_a_config_leaves_out_are_deepspeeds_own_defaults():
     fields = DeepSpeedZeroConfig.model_fields
     own = {(f.alias or name): getattr(DeepSpeedZeroConfig(), name) for name, f in fields.items()}
     assert {key: own[key] for key in predict.DEEPSPEED_DEFAULTS} == predict.DEEPSPEED_DEFAULTS
+
+
+def test_the_small_preset_is_docs_running_mds_101m_parameters_on_a_byte_vocabulary_of_256_tokens_a_row():
+    small = shapes.PRESETS["small"]
+    assert round(small.params / 1e6) == 101 and small.d_model % small.heads == 0
+    assert (small.vocab, small.context) == (256, 256)
+    assert "`small` (101M, byte vocabulary" in (ROOT / "docs" / "running.md").read_text()

@@ -148,6 +148,7 @@ def test_a_ring_collective_sends_its_bus_factor_of_the_bytes_at_the_bus_bandwidt
     ("reduce_scatter", 1024, 8.4 + (1023 - 127) * 3.4 + 127 * 14.0),  # 128 nodes: 127 of its steps cross
     ("all_reduce", 16, 8.4 + (30 - 4) * 3.4 + 4 * 14.0),  # twice the steps; 2·nodes cross
     ("all_reduce", 8, 8.4 + 14 * 3.4),  # one node: none cross
+    ("all_gather", 2, 8.4 + 3.4),  # two GPUs: a ring of one step
 ])
 def test_a_ring_calls_latency_is_nccls_own_cost_model(kind, gpus, expected_us):
     """By hand from NVIDIA/nccl's ncclTopoTuneModel (src/graph/tuning.cc), Ring with the Simple protocol, 8 GPUs a

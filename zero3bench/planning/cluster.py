@@ -211,7 +211,8 @@ def bus_bandwidth(i: Inputs, link: str, kind: str, setup: str, model: Model, zer
     of one of its calls, else the flag or the assumption; across nodes, the network's."""
     stage, engine = SETUPS[setup]
     if link == "intra" and i.link_curve:
-        return traffic.read_curve(i.link_curve, timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero))
+        call = timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero, model.params)
+        return traffic.read_curve(i.link_curve, call)
     return 1e9 * (i.inter_busbw_gbs if link == "inter" else i.intra_busbw_gbs)
 
 
@@ -220,7 +221,7 @@ def collective(kind: str, phase: str, nbytes: float, setup: str, model: Model, i
     """One collective of a step: its bytes over the link's bus bandwidth, and a ring's latency for each of its
     calls, one per block or bucket (timing.message_bytes)."""
     stage, engine = SETUPS[setup]
-    call_bytes = timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero)
+    call_bytes = timing.message_bytes(kind, stage, engine, WIDTH, model.block, zero, model.params)
     calls = max(1, math.ceil(nbytes / call_bytes)) if call_bytes else 1  # a model of --params alone: blocks unknown
     latency = calls * timing.ring_latency(kind, world, i.gpus_per_node)
     bandwidth = timing.ring_seconds(kind, nbytes, world, bus_bandwidth(i, link, kind, setup, model, zero))
