@@ -899,3 +899,8 @@ def test_the_small_preset_is_docs_running_mds_101m_parameters_on_a_byte_vocabula
     assert round(small.params / 1e6) == 101 and small.d_model % small.heads == 0
     assert (small.vocab, small.context) == (256, 256)
     assert "`small` (101M, byte vocabulary" in (ROOT / "docs" / "running.md").read_text()
+
+
+def test_the_1_3b_presets_rate_is_docs_training_recipe_mds_constant_5e_6():
+    assert shapes.PRESETS["1.3b"].lr == 5e-6
+    assert "A constant 5e-6 for `1.3b`" in (ROOT / "docs" / "training-recipe.md").read_text()

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import plan  # noqa: E402
 from zero3bench import hf, inputs  # noqa: E402
 from zero3bench.accounting import activations  # noqa: E402
-from zero3bench.options import BadInput  # noqa: E402
+from zero3bench.options import DEFAULT_SEQ, BadInput  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {family: str(ROOT / "tests" / "models" / f"tiny-{family}.json") for family in ("llama", "qwen2", "mistral")}
@@ -167,3 +167,9 @@ def test_plan_refuses_a_family_whose_peak_it_cannot_predict():
     done = subprocess.run([sys.executable, "plan.py", "--model", NEOX], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not predicted" in done.stderr
+
+
+def test_a_plan_of_a_hugging_face_model_is_at_its_seq_else_its_context_up_to_train_gpt_pys_default():
+    """Llama 3.2 1B's context is 131,072 tokens: planned at options.DEFAULT_SEQ unless --seq says otherwise."""
+    assert plan.resolve_model(plan.parse_args(["--model", "llama-3.2-1b", "--seq", "512"])).shape.context == 512
+    assert plan.resolve_model(plan.parse_args(["--model", "llama-3.2-1b"])).shape.context == DEFAULT_SEQ
