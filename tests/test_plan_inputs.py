@@ -326,3 +326,13 @@ def test_a_plans_rows_are_typed_records_read_by_attribute(capsys):
     assert isinstance(row, cluster.Row) and isinstance(row.step_s, cluster.Modes)
     assert all(isinstance(c, cluster.Collective) for c in row.comm)
     assert p.as_dict() == planned(capsys, "--gpus", 8)
+
+
+def test_a_folders_link_is_its_curve_read_at_the_old_probes_256_mib(capsys, tmp_path):
+    """docs/measurement.md: the row reads the link's curve at 256 MiB, the one size that logs from before the
+    curve hold."""
+    curve = {str(1 << 27): 1e11, str(1 << 28): 2e11, str(1 << 29): 3e11}
+    folder = folder_of(tmp_path, world_size=2, ranks_per_node=2, link_busbw=curve)
+    p = planned(capsys, "--from", folder, "--gpus", "2")
+    assert p["inputs"]["intra_busbw_gbs"] == 200.0
+    assert "the row reads it at 256 MiB" in (ROOT / "docs" / "measurement.md").read_text()
