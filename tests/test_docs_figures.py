@@ -83,7 +83,7 @@ FIGURES = [
     # the plan, and the versions
     Figure("within 5% of all {} peaks of committed H200 runs", EVERY_PEAK, r"^\d+ rank records and \d+ timelines: "
            r"(\d+) of \1 within 5%"),
-    Figure("torch {}, DeepSpeed {}: run.sh PASS at stages 0 to 3, {} passed", LOGS + "cpu/ci/oldest-leg-1f65427.txt",
+    Figure("torch {}, DeepSpeed {}: run.sh PASS at stages 0 to 3, {} passed", LOGS + "cpu/ci/oldest-leg-cf5351a.txt",
            r"^oldest pair: torch ([\d.]+)\+\w+ deepspeed ([\d.]+)$[\s\S]*stages \"0 1 2 3\"[\s\S]*^VERDICT: PASS"
            r"[\s\S]*^(\d+) passed"),
     Figure("torch {}, DeepSpeed {}: {} passed", CPU_CI, r"^(\d+) passed[\s\S]*torch ([\d.]+)\+\w+ deepspeed ([\d.]+)",
