@@ -392,6 +392,13 @@ def test_runs_of_more_ranks_than_a_node_holds_are_not_on_one_node():
     assert not inputs.one_node([RankResult(world_size=16, ranks_per_node=8)])
 
 
+def test_a_record_that_does_not_say_its_world_or_its_nodes_ranks_is_not_known_to_be_on_one_node():
+    assert inputs.one_node([RankResult(world_size=1, ranks_per_node=1)])
+    assert not inputs.one_node([RankResult(world_size=1)])
+    assert not inputs.one_node([RankResult(ranks_per_node=8)])
+    assert not inputs.one_node([RankResult()])
+
+
 def test_a_run_without_records_gives_no_world_1_measurement(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"results": {"stage 0": []}}))
     assert steptime.measured(tmp_path) == {}

@@ -298,7 +298,9 @@ def median_of(values: list[float | None]) -> float | None:
 
 
 def one_node(results: list[RankResult]) -> bool:
-    return all((r.world_size or 0) <= (r.ranks_per_node or 0) for r in results)
+    """Whether each rank's world fits its node; a record that does not say its world or its node's ranks is not
+    known to, and its link counts as the network's."""
+    return all(r.world_size and r.ranks_per_node and r.world_size <= r.ranks_per_node for r in results)
 
 
 def machine(runs: dict[str, list[RankResult]], path: Path, calibrated: Calibration | None) -> dict[str, Measured]:
