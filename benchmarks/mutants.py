@@ -9,7 +9,8 @@ once and each mutant runs in a fork of this process, whose function takes the mu
 defaults swapped, so that every name bound to it sees the change) and whose functools caches are emptied, which is
 what makes about a thousand mutants fit in an hour on two busy cores. Each mutant runs the tests that call its
 function (as the unmutated run traced them), each file's quickest first, and where they all pass, all of its
-module's tests (a test that runs report.py or plan.py as a command reaches the function unseen by the trace). Only
+module's tests (a test may reach the function unseen by the trace: through a cache an earlier test filled, which
+the fork empties, or in a fixture's setup). Only
 launch-free tests run: a test that asks a launch fixture (conftest's @shared ones), is marked gpu, or took over 5 s
 unmutated is left out. A mutant whose tests run past TIMEOUT_S, or past SLOWER times what they took unmutated where
 that is longer (a constant's mutant runs all its module's tests), is stopped and told as a timeout (an endless
@@ -372,7 +373,7 @@ def main():
             else:
                 outcome = in_a_fork(module_name, qualname, source, tests, selection,
                                     sum(timing.durations[t] for t in tests))
-            if outcome == "survived":  # some tests reach the function only in a subprocess (report.py, plan.py)
+            if outcome in ("survived", "uncovered") and tests != fastest:  # a test the trace did not see call it
                 outcome = in_a_fork(module_name, qualname, source, fastest, selection,
                                     sum(timing.durations[t] for t in fastest))
             counts[outcome] = counts.get(outcome, 0) + 1

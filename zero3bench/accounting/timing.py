@@ -36,8 +36,9 @@ def message_bytes(kind: str, stage: int, engine: str, width: int, block: float, 
     """The bytes of one call of a collective, which set the bus bandwidth it gets (a link's curve rises with
     them): stage 3 (each block a leaf module) and FSDP2 gather one block at a time, and FSDP2 reduce-scatters one
     block's gradients; stages 1 and 2 gather each param group's updated weights in one call (utils.py,
-    all_gather_into_tensor_dp_groups, whatever allgather_bucket_size says), the matrices' group nearly the whole
-    model; DeepSpeed reduces its gradients in buckets of reduce_bucket_size elements."""
+    all_gather_into_tensor_dp_groups, whatever allgather_bucket_size says): the matrices' group, nearly the whole
+    model, sets the size, and the vectors' call adds a ring latency that is not counted; DeepSpeed reduces its
+    gradients in buckets of reduce_bucket_size elements."""
     if engine == "fsdp2" or kind == "all_gather" and shards_params(stage):
         return width * block
     if kind == "all_gather":
