@@ -125,6 +125,7 @@ while IFS=$'\t' read -r kind n name argv; do
       log=$out/$name.log
       say "== $name: ${train[*]} on $n rank(s); log $log"
       to_log "COMMAND ${launcher[*]} ${train[*]}"
+      [ -z "${RUN_SIZED_FOR:-}" ] || to_log "SIZED $RUN_SIZED_FOR"  # the memory a rehearsal was sized for
       launch "${launcher[@]}" "${train[@]}" ;;
   esac
 done <<< "$plan"

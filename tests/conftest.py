@@ -72,20 +72,26 @@ def outcome(fixture, fixtures):
         return None, e
 
 
+PROBE = ("import torch; n = torch.cuda.device_count(); "
+         "print(n, torch.cuda.get_device_properties(0).total_memory if n else 0)")
+
+
 def gpus_as_launched() -> dict:
-    """{"gpus": the GPUs that torch sees in the environment the suite was started in, "why": why none, where
-    none}, asked of a process of its own (this one hides them). A probe that fails (a broken driver, a torch that
-    does not import) is no count of 0: its "why" says so, in its last line."""
+    """{"gpus": the GPUs that torch sees in the environment the suite was started in, "memory": the first one's
+    bytes, "why": why none, where none}, asked of a process of its own (this one hides them). A probe that fails (a
+    broken driver, a torch that does not import) is no count of 0: its "why" says so, in its last line."""
     try:
-        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                               capture_output=True, text=True, timeout=300, env=AS_LAUNCHED)
+        probe = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300,
+                               env=AS_LAUNCHED)
     except subprocess.TimeoutExpired:
-        return {"gpus": 0, "why": "the GPU probe (torch.cuda.device_count()) did not end in 300 s"}
-    if probe.returncode != 0 or not probe.stdout.strip().isdigit():
+        return {"gpus": 0, "memory": 0, "why": "the GPU probe (torch.cuda.device_count()) did not end in 300 s"}
+    said = probe.stdout.split()
+    if probe.returncode != 0 or len(said) != 2 or not all(word.isdigit() for word in said):
         said = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"gpus": 0, "why": f"the GPU probe (torch.cuda.device_count()) failed, exit {probe.returncode}: {said}"}
-    gpus = int(probe.stdout.strip())
-    return {"gpus": gpus, "why": "" if gpus else "torch sees none on this machine"}
+        return {"gpus": 0, "memory": 0,
+                "why": f"the GPU probe (torch.cuda.device_count()) failed, exit {probe.returncode}: {said}"}
+    gpus, memory = map(int, said)
+    return {"gpus": gpus, "memory": memory, "why": "" if gpus else "torch sees none on this machine"}
 
 
 GPUS_SEEN = "ZERO3_TESTS_GPUS"  # gpus_as_launched's answer as JSON, made once for pytest-xdist's workers

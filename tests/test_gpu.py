@@ -6,6 +6,7 @@ The tests marked gpu run on one worker of pytest-xdist's (xdist_group "gpu"), wh
 as the largest group but the launchers': their launches (GPU_LAUNCHES) run while the other workers take the CPU's
 tests, and together they must leave the whole suite within one 10-minute run on one H200."""
 import functools
+import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -18,7 +19,7 @@ from deepspeed.accelerator import real_accelerator
 from zero3bench import launches, options
 from zero3bench.accounting.shapes import PRESETS
 from zero3bench.reporting.verdict import CRITERIA
-from conftest import run, run_sh_once
+from conftest import gpus_seen, run, run_sh_once
 from zero3bench.machine import free_port
 from test_accounting import PEAK_TOLERANCE
 
@@ -28,24 +29,30 @@ H200_BYTES = 143_771 * 2**20  # what torch reports of an H200's memory
 # -----------------------------------------------------------------------------
 # the rule: the suite's own launches see no GPU, even on a GPU machine
 
-@pytest.fixture
-def one_gpu_machine(monkeypatch):
-    """torch.cuda as on a machine with one H200, read as the CUDA runtime reads CUDA_VISIBLE_DEVICES: an empty
-    one hides the GPU."""
+def emulate_gpu(monkeypatch, name, total, free):
+    """torch.cuda as on a machine with one GPU of total bytes, free of them now, read as the CUDA runtime reads
+    CUDA_VISIBLE_DEVICES: an empty one hides the GPU."""
     def device_count():
         return 0 if os.environ.get("CUDA_VISIBLE_DEVICES") == "" else 1
     monkeypatch.setattr(torch.cuda, "device_count", device_count)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: device_count() > 0)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *_, **__: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda *_: SimpleNamespace(name="NVIDIA H200", total_memory=H200_BYTES))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *_: SimpleNamespace(name=name, total_memory=total))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: name)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *_: (free, total))
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)  # DeepSpeed's own choice, not a user's override
     monkeypatch.setattr(real_accelerator, "ds_accelerator", None)  # DeepSpeed detects again, and is restored after
 
 
+@pytest.fixture
+def one_gpu_machine(monkeypatch):
+    """A machine with one H200, all of it free."""
+    emulate_gpu(monkeypatch, "NVIDIA H200", H200_BYTES, H200_BYTES)
+
+
 def planned_ranks():
     """The ranks of each run that `bash run.sh` would launch, as zero3bench/launches.py plans them in this process."""
-    runs, _ = launches.plan("", "0 3", "", [])
+    runs, _, _ = launches.plan("", "0 3", "", [])
     return [n for n, _, _ in runs]
 
 
@@ -67,6 +74,69 @@ def test_deepspeed_picks_its_cpu_accelerator_on_a_gpu_machine_whose_gpus_are_hid
     monkeypatch.setattr(real_accelerator, "ds_accelerator", None)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert real_accelerator.get_accelerator()._name == "cuda"
+
+
+# -----------------------------------------------------------------------------
+# the rehearsal on one GPU, sized before anything launches by both stages' predicted peaks (issue 62)
+
+GIB = 2**30
+CARDS = {  # what torch reports of each card's memory, and what is free on a fresh one (the H100's: 1-first-run)
+    "H200": ("NVIDIA H200", H200_BYTES, H200_BYTES - 2 * GIB),
+    "H100": ("NVIDIA H100 80GB HBM3", 85_017_493_504, 84_465_090_560),
+    "40 GB": ("NVIDIA A100-SXM4-40GB", 42_505_273_344, 42_000_000_000),
+    "24 GB": ("NVIDIA L4", 23_580_639_232, 23_000_000_000),
+}
+
+
+def rehearsed(monkeypatch, card, *argv, ranks=""):
+    """launches.plan of the default stages on one emulated card: {run: (ranks, its arguments)}, the notes, and the
+    memory it was sized for (RUN_SIZED_FOR), or None."""
+    emulate_gpu(monkeypatch, *CARDS[card])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the suite hides GPUs from itself (the rule above)
+    runs, notes, variables = launches.plan(ranks, "0 3", "", list(argv))
+    sized = variables.get("RUN_SIZED_FOR")
+    return {name: (n, run_argv) for n, name, run_argv in runs}, notes, sized and json.loads(sized)
+
+
+@pytest.mark.parametrize("card, model, ranks", [("H200", "1.3b", 4), ("H100", "1.3b", 3), ("40 GB", "760m", 2),
+                                                ("24 GB", "350m", 2)])
+def test_one_gpu_rehearses_the_largest_model_at_the_most_ranks_at_which_both_stages_fit(monkeypatch, card, model,
+                                                                                           ranks):
+    runs, notes, sized = rehearsed(monkeypatch, card)
+    assert {name: n for name, (n, _) in runs.items()} == {"stage0": ranks, "stage3": ranks}
+    assert all(argv[-2:] == ["--model", model] for _, argv in runs.values())
+    assert (sized["model"], sized["ranks"], sized["free_bytes"]) == (model, ranks, CARDS[card][2])
+    assert ranks * sized["need_bytes"] <= sized["free_bytes"]
+
+
+@pytest.mark.parametrize("card", ["H200", "H100", "40 GB", "24 GB"])
+def test_one_more_rank_or_the_next_larger_model_would_not_have_fit(monkeypatch, card):
+    runs, notes, sized = rehearsed(monkeypatch, card)
+    n = sized["ranks"]
+    if n < launches.REHEARSED_RANKS:
+        more = launches.most_needed(sized["model"], ["0", "3"], [], n + 1)
+        assert not more.fits(sized["free_bytes"])
+    if sized["model"] != "1.3b":
+        assert not launches.most_needed("1.3b", ["0", "3"], [], 2).fits(sized["free_bytes"])
+
+
+def test_the_rehearsal_says_in_one_line_what_it_chose_and_why_with_the_numbers(monkeypatch):
+    _, notes, sized = rehearsed(monkeypatch, "24 GB")
+    [note] = [line for line in notes if line.startswith("one GPU")]
+    assert "2 ranks of the 350m model rehearse on it" in note and "the 1.3b model fits no 2 ranks" in note
+    assert "stage0's predicted peak" in note and "GiB" in note and "free" in note
+
+
+def test_a_model_the_user_names_is_kept_and_stage_3_alone_sizes_it_where_stage_0_cannot_fit(monkeypatch):
+    runs, notes, sized = rehearsed(monkeypatch, "40 GB", "--model", "1.3b")
+    assert sized["model"] == "1.3b" and sized["run"] == "stage3" and runs["stage0"][0] == sized["ranks"] >= 2
+    assert "expect an out-of-memory" in notes[0]
+
+
+def test_ranks_the_user_sets_are_kept_and_said_where_they_will_not_fit(monkeypatch):
+    runs, notes, sized = rehearsed(monkeypatch, "H100", ranks="4")
+    assert sized is None and runs["stage0"][0] == 4
+    assert [line.split(":")[0] for line in notes if "expect an out-of-memory" in line] == ["stage0"]
 
 
 LAUNCHERS = {  # each with the processes it starts
@@ -106,15 +176,19 @@ GPU_LAUNCHES = {
     "gpu_default": (),  # as the README's first command runs it
 }
 SIDE_BY_SIDE = ("gpu_sweep", "gpu_fp16")  # their stage-0 runs peak at about 49 and 50 GiB; gpu_default's at 98
+# what SIDE_BY_SIDE needs of the GPU together: each one's 2 stage-0 ranks at their predicted 24.5 GiB, and each rank's
+# CUDA context and allocator's reserve (launches.CONTEXT_BYTES, RESERVE_BYTES); an 80 GB H100 runs them one by one
+SIDE_BY_SIDE_BYTES = 2 * 2 * (24.5 * 2**30 + launches.CONTEXT_BYTES + launches.RESERVE_BYTES)
 
 
 @pytest.fixture(scope="module")
 def gpu_launches(tmp_path_factory):
-    """{name: the future of its run_sh_once}, started as the first test marked gpu asks: SIDE_BY_SIDE together,
-    then gpu_default alone, so that no two fill the GPU's memory at once."""
+    """{name: the future of its run_sh_once}, started as the first test marked gpu asks: SIDE_BY_SIDE together where
+    the GPU holds them (SIDE_BY_SIDE_BYTES), else one by one, then gpu_default alone, so that no two fill the GPU's
+    memory at once."""
     tmp_path_factory.getbasetemp()  # made here, once: two threads that make it at once race (FileExistsError)
     launch = functools.partial(run_sh_once, tmp_path_factory, gpus=True)
-    pool = ThreadPoolExecutor(max_workers=len(SIDE_BY_SIDE))
+    pool = ThreadPoolExecutor(max_workers=len(SIDE_BY_SIDE) if gpus_seen()["memory"] >= SIDE_BY_SIDE_BYTES else 1)
     together = {name: pool.submit(launch, name, *GPU_LAUNCHES[name]) for name in SIDE_BY_SIDE}
 
     def alone():

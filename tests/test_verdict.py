@@ -7,7 +7,6 @@ import subprocess
 
 import numpy as np
 import pytest
-from types import SimpleNamespace
 
 from zero3bench import options
 import report
@@ -140,17 +139,3 @@ def test_run_sh_help_prints_its_usage_and_launches_nothing(flag, tmp_path):
     for option in ("--ranks", "--stages", "--peer", "--steps", "--micro-batch", "--model"):
         assert option in proc.stdout
     assert "usage: bash run.sh" in proc.stdout and not (tmp_path / "results").exists()
-
-
-@pytest.mark.parametrize("ranks", [4, 3, 1])
-def test_one_gpu_rehearses_as_many_ranks_as_its_memory_holds_up_to_4(ranks, monkeypatch):
-    from zero3bench import launches
-    args, config = launches.checked(["--stage", "3", "--model", "1.3b"], 4)
-    need = {n: n * launches.stage3_peak(args, config, n) for n in (2, 3, 4)}
-    memory = {4: need[4], 3: need[3] + 1, 1: need[2] - 1}[ranks]
-    monkeypatch.setattr(launches.torch.cuda, "get_device_properties",
-                        lambda index: SimpleNamespace(total_memory=memory))
-    n, note = launches.rehearsal(["--model", "1.3b"])
-    assert n == ranks
-    assert ("not 4: 4 stage-3 ranks of the 1.3b model would need" in note) == (ranks != 4)
-    assert "its speed is not" in note

@@ -159,3 +159,11 @@ PRESETS = {
     "6.7b": ModelShape(32, 32, 4096, 50257, 1024, 3e-6),
 }
 DEFAULT_MODEL = "1.3b"  # what a GPU trains and plan.py plans when no model is named (CPU ranks train tiny: inputs.py)
+
+
+def smaller_presets(model: str) -> list[str]:
+    """The GPT presets with fewer parameters than the preset model, largest first; none for another model."""
+    if model not in PRESETS:
+        return []
+    return sorted((name for name, shape in PRESETS.items() if shape.params < PRESETS[model].params),
+                  key=lambda name: -PRESETS[name].params)

@@ -18,7 +18,7 @@ from zero3bench.rank_lines import rank_table
 from zero3bench.result import RankResult, as_dict
 
 from .figures import Check
-from .reading import Results, Runs, first, most, oom, pairs, read_command, read_marks
+from .reading import Results, Runs, first, most, oom, pairs, read_command, read_marks, read_sized
 from .tables import comparison_table, compile_lines, peer_lines
 from .verdict import verdict_lines
 
@@ -75,6 +75,7 @@ def summary(folder: str | Path, runs: Runs, checks: dict[str, list[Check]], over
         "folder": str(folder),
         "command": os.environ.get("RUN_COMMAND"),
         "commands": {name: read_command(Path(folder) / f"{name}.log") for name in runs},
+        "sized_for": next(filter(None, (read_sized(Path(folder) / f"{name}.log") for name in runs)), None),
         "environment": run_environment(runs),
         "verdict": overall,
         "checks": {scope: [asdict(check) for check in rows] for scope, rows in checks.items()},

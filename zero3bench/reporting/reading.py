@@ -10,6 +10,7 @@ from types import NoneType, UnionType
 from typing import Any, get_args, get_origin
 
 from zero3bench import parts
+from zero3bench.accounting.shapes import smaller_presets
 from zero3bench.exits import EXIT, SIGNALS
 from zero3bench.reporting import deaths
 from zero3bench.result import LINE_TYPES, RankResult, most
@@ -76,6 +77,16 @@ def read_command(log: str | Path) -> str | None:
     return first_line.partition("COMMAND ")[2] or None
 
 
+def read_sized(log: str | Path) -> dict[str, Any] | None:
+    """The memory that run.sh sized a rehearsal for (launches.Rehearsal.record), from its SIZED line; None where
+    it sized none."""
+    line = next((line for line in log_text(log).splitlines() if line.startswith("SIZED {")), None)
+    try:
+        return json.loads(line.partition(" ")[2]) if line else None
+    except json.JSONDecodeError:
+        return None
+
+
 def read_marks(log: str | Path) -> dict[str, float]:
     """run.sh's marks in a log: when it launched the run and when the launcher ended, with its exit status."""
     marks: dict[str, float] = {}
@@ -129,6 +140,17 @@ def failed(results: Results) -> bool:
 
 def oom(results: Results) -> bool:
     return any(r.oom for r in results)
+
+
+def how_to_observe(reference: Results, name: str, r: RankResult) -> str:
+    """How to observe what compares r's run with the reference run name, which did not finish: where it ran out of
+    memory, with fewer ranks a GPU (a rehearsal's) or a smaller model."""
+    if not oom(reference):
+        return f"once {name} finishes"
+    ways = [f"fewer ranks a GPU (`--ranks {r.world_size - 1}`)"] if r.rehearsal and r.world_size > 2 else []
+    smaller = smaller_presets(r.run.model or "")
+    ways.append(f"a smaller model (`--model {smaller[0]}`)" if smaller else "a smaller model")
+    return f"where {name} fits: " + " or ".join(ways)
 
 
 def status(results: Results) -> str:
