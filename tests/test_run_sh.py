@@ -61,14 +61,16 @@ def oom_log(records):
     return "Traceback (most recent call last):\nRESULT " + json.dumps(record) + "\n"
 
 
-def test_report_counts_a_stage0_out_of_memory_as_a_pass(run_sh, tmp_path, capsys):
+def test_report_passes_b_on_a_stage0_out_of_memory_and_observes_no_comparison_with_it(run_sh, tmp_path, capsys):
     (tmp_path / "stage0.log").write_text(oom_log(run_sh.runs["stage0"]))
     (tmp_path / "stage3.log").write_text((run_sh.folder / "stage3.log").read_text())
-    assert report.main([str(tmp_path)]) == 0
+    assert report.main([str(tmp_path)]) == report.EXIT["NOT OBSERVABLE"]
     out = capsys.readouterr().out
     assert "OOM" in out
-    assert "stage 0 ran out of memory where stage 3 fit" in out
-    assert "VERDICT: PASS" in out
+    assert "PASS  (b) stage 3 holds far less per rank than stage 0: stage 0 ran out of memory where stage 3 fit" in out
+    assert [line.split("  ")[1][:3] for line in out.splitlines() if line.startswith("NOT OBSERVABLE  (")] == [
+        "(a)", "(c)", "(e)"]
+    assert "VERDICT: NOT OBSERVABLE" in out
 
 
 def test_report_fails_when_stage3_runs_out_of_memory(run_sh, tmp_path, capsys):

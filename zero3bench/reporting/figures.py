@@ -26,6 +26,8 @@ class Partitioning:
     stage0_partitioned: Optional[int] = None  # None where stage 0 failed before counting
     same_weights: Optional[bool] = None  # the shards hold stage 0's initial weights; None without both checksums
     world: Optional[int] = None
+    stage0_unfinished: Optional[str] = None  # stage 0's status, where it did not finish and compared nothing
+    observe: Optional[str] = None  # then, how to observe what it did not
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class Loss:
     misses: list = field(default_factory=list)  # what (c) found wrong, in words
     own_rate: Optional[float] = None  # the run's learning rate, where (c) missed only its fall, alike at both
     preset_rate: Optional[float] = None  # stages, at a rate not the model's preset (its config's or --lr's)
+    stage0_unfinished: Optional[str] = None  # stage 0's status, where it did not finish: alike is not observed
+    observe: Optional[str] = None  # then, how to observe it
 
 
 @dataclass(frozen=True)
@@ -89,3 +93,5 @@ class Comparison:
 class SameTraining:
     """(e): every finished run against the reference among the runs with its settings."""
     compared: list  # [Comparison]
+    unobserved: list = field(default_factory=list)  # [(run, its reference, the reference's status)]
+    observe: Optional[str] = None  # how to observe those

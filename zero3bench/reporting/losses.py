@@ -10,7 +10,7 @@ from zero3bench import options
 from zero3bench.result import RankResult, shape_of
 from .bounds import DESIGN_LOSS, FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, WEIGHTS_RTOL
 from .figures import Loss
-from .reading import Results, failed, status
+from .reading import Results, failed, status, how_to_observe
 
 
 def loss_falls(losses: list[float]) -> bool:
@@ -70,6 +70,9 @@ def loss(dense: Results, zero3: Results) -> tuple[str, Loss]:
     f = replace(f, misses=loss_misses(f))
     if f.steps < FALLING_STEPS and not f.misses:
         return "NOT OBSERVABLE", f
+    if not both and not f.misses:  # stage 3's fall alone was observed, not that it is alike at stage 0
+        return "NOT OBSERVABLE", replace(f, stage0_unfinished=status(dense),
+                                         observe=how_to_observe(dense, "stage 0", zero3[0]))
     if f.misses and alike(f) and at_own_rate(zero3[0]):
         return "NOT OBSERVABLE", replace(f, own_rate=zero3[0].run.lr, preset_rate=shape_of(zero3[0]).lr)
     return ("FAIL" if f.misses else "PASS"), f
@@ -123,4 +126,7 @@ def say_loss(f: Loss) -> str:
                        f"fall is not observable at that rate")
     if f.at_design_step is not None:
         text += f"; below {DESIGN_LOSS['below']:g} by step {DESIGN_LOSS['step']}, as the acceptance check expects"
+    if f.stage0_unfinished:
+        text += (f"; stage 0 did not finish ({f.stage0_unfinished}), so that the loss is alike at both stages is "
+                 f"not observed; observe it {f.observe}")
     return text + ("; MISSED: " + ", ".join(misses) if misses else "")

@@ -147,13 +147,14 @@ def comparison_table(runs: Runs) -> str:
     column gives the second against the first. Speeds are marked where they mean nothing."""
     names = list(runs)
     unmeasured = speed_not_measured(runs)
+    both = len(names) == 2 and not any(failed(runs[name]) for name in names)  # no ratio against a run that stopped
     rows = [("", *names, f"{names[1]} against {names[0]}" if len(names) == 2 else "")]
     for row in COMPARISON:
         values = [row.get(runs[name]) for name in names]
         if row.optional and all(v is None for v in values):
             continue
         label = row.label + (" *" if row.speed and unmeasured else "")
-        rows.append((label, *(fmt(v, row.spec) for v in values), ratio(*values, row.words) if len(values) == 2 else ""))
+        rows.append((label, *(fmt(v, row.spec) for v in values), ratio(*values, row.words) if both else ""))
     rows.append(("status", *(status(runs[name]) for name in names), ""))
     table = format_table(rows)
     return table + (f"\n* not a measure of speed: {unmeasured}" if unmeasured else "")

@@ -20,7 +20,8 @@ from .bounds import FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, MEMORY_SLACK, SAM
 from .defects import known_defects
 from .losses import loss, loss_gaps, say_loss
 from .figures import Check, Comparison, Memory, Partitioning, Promises, SameTraining
-from .reading import Results, Runs, failed, most, oom, pairs, reference_rank, status, unaccounted
+from .reading import (Results, Runs, failed, most, oom, pairs, reference_rank, status, unaccounted,
+                      how_to_observe)
 from .theory import PEAK_SLACK, predicted_peak
 
 PAIR, ALL_RUNS = "pair", "all runs"
@@ -45,7 +46,7 @@ def partitioning(dense: Results, zero3: Results) -> tuple[str, Partitioning]:
         return "FAIL", Partitioning(counted=False)
     # stage 0 may have run out of memory before it counted anything; what it did count must be nothing
     counted0 = [r.shards.partitioned_tensors for r in dense if r.shards.partitioned_tensors is not None]
-    a, b = dense[0].weights_checksum, counted[0].weights_checksum
+    a, b = dense[0].weights_checksum if dense else None, counted[0].weights_checksum
     counts = counted[0].shards
     f = Partitioning(counted=True, partitioned=counts.partitioned_tensors, tensors=counts.param_tensors,
                      shards_ok=all(r.shards.shard_check_ok for r in counted),
@@ -53,15 +54,23 @@ def partitioning(dense: Results, zero3: Results) -> tuple[str, Partitioning]:
                      same_weights=math.isclose(a, b, rel_tol=1e-9) if a is not None and b is not None else None,
                      world=counted[0].world_size)
     whole = all(r.shards.partitioned_tensors == r.shards.param_tensors > 0 and r.shards.shard_check_ok for r in counted)
-    return ("PASS" if whole and not any(counted0) and f.same_weights is not False else "FAIL"), f
+    if not whole or any(counted0) or f.same_weights is False:
+        return "FAIL", f
+    if failed(dense) and None in (f.stage0_partitioned, f.same_weights):  # stage 3's half alone was observed
+        return "NOT OBSERVABLE", replace(f, stage0_unfinished=status(dense),
+                                         observe=how_to_observe(dense, "stage 0", counted[0]))
+    return "PASS", f
 
 
 def say_partitioning(f: Partitioning) -> str:
     if not f.counted:
         return "stage 3 reported no partitioning"
     text = (f"stage 3 partitions {f.partitioned}/{f.tensors} tensors (shards checked: "
-            f"{'ok' if f.shards_ok else 'WRONG SIZES'}), stage 0 "
-            f"{'failed before counting' if f.stage0_partitioned is None else f.stage0_partitioned}")
+            f"{'ok' if f.shards_ok else 'WRONG SIZES'})")
+    if f.stage0_unfinished:
+        return text + (f"; stage 0 did not finish ({f.stage0_unfinished}): that it partitions none, and that the "
+                       f"shards hold its initial weights (checksum), are not observed; observe them {f.observe}")
+    text += f", stage 0 {'failed before counting' if f.stage0_partitioned is None else f.stage0_partitioned}"
     if f.same_weights is None:
         text += "; a run failed before its checksum, so the weights were not compared"
     else:
@@ -183,23 +192,36 @@ def same_training(runs: Runs) -> Optional[tuple[str, SameTraining]]:
     """Every finished run trains the same model as the reference among the runs with its settings
     (reference_rank's first): the same first-step loss within FIRST_LOSS_RTOL, and the same losses within
     LOSS_RTOL at every step. Settings that race show here: DeepSpeed's fast sharding for leaf modules on two
-    H200s moved the first loss by up to 0.9% and later ones by up to 67%."""
-    finished = sorted(((name, rs[0]) for name, rs in runs.items() if not failed(rs)),
-                      key=lambda item: reference_rank(item[1]))
-    references, compared = {}, []
-    for name, r in finished:
-        reference, ref = references.setdefault(tuple(line_value(r, key) for key in SAME_TRAINING), (name, r))
-        if ref is not r:
-            compared.append(Comparison(name, reference, *loss_gaps(ref, r)))
-    if not compared:
+    H200s moved the first loss by up to 0.9% and later ones by up to 67%. A finished run whose reference did not
+    finish is not compared, and (e) cannot PASS it."""
+    ranked = sorted(((name, rs) for name, rs in runs.items() if rs), key=lambda item: reference_rank(item[1][0]))
+    groups: dict[tuple, list[tuple[str, Results]]] = {}
+    for name, rs in ranked:
+        groups.setdefault(tuple(line_value(rs[0], key) for key in SAME_TRAINING), []).append((name, rs))
+    compared, unobserved, observe = [], [], None
+    for (first, first_rs), *rest in groups.values():
+        finished = [(name, rs) for name, rs in [(first, first_rs), *rest] if not failed(rs)]
+        if finished and failed(first_rs):  # the reference did not finish: its first finished peer is not compared
+            unobserved.append((finished[0][0], first, status(first_rs)))
+            observe = observe or how_to_observe(first_rs, first, finished[0][1][0])
+        reference, ref = finished[0] if finished else (None, None)
+        compared += [Comparison(name, reference, *loss_gaps(ref[0], rs[0])) for name, rs in finished[1:]]
+    if not compared and not unobserved:
         return None
-    return ("PASS" if all(c.same for c in compared) else "FAIL"), SameTraining(compared=compared)
+    f = SameTraining(compared=compared, unobserved=unobserved, observe=observe)
+    if not all(c.same for c in compared):
+        return "FAIL", f
+    return ("NOT OBSERVABLE" if unobserved else "PASS"), f
 
 
 def say_same_training(f: SameTraining) -> str:
-    text = (f"losses against the reference (at most {FIRST_LOSS_RTOL:.3%} apart at step 1, {LOSS_RTOL:.0%} at any "
+    said = [f"losses against the reference (at most {FIRST_LOSS_RTOL:.3%} apart at step 1, {LOSS_RTOL:.0%} at any "
             "step): " + ", ".join(f"{c.run} {c.step1_gap:.3%} at step 1 and {c.largest_gap:.2%} at most from "
-                                  f"{c.reference}" for c in f.compared))
+                                  f"{c.reference}" for c in f.compared)] if f.compared else []
+    if f.unobserved:
+        said.append(", ".join(f"{run} is not compared, as its reference {reference} did not finish ({why})"
+                              for run, reference, why in f.unobserved) + f"; observe it {f.observe}")
+    text = "; ".join(said)
     differ = [f"{c.run} and {c.reference} DIFFER" for c in f.compared if not c.same]
     return text + ("; MISSED: " + ", ".join(differ) if differ else "")
 
