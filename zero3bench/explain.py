@@ -67,7 +67,10 @@ def prefetch_cause(r: RankResult) -> str:
 
 
 def peak_gap(r: RankResult) -> list[str]:
-    if r.mem_kind != "cuda" or abs(r.peaks.peak_mem_bytes / r.predicted.peak - 1) <= EXPLAIN_BEYOND:
+    """Where the peak departs from its prediction; none on CPU ranks, or for a model whose peak is not predicted (its
+    record says so: rank_lines)."""
+    measured, predicted = r.peaks.peak_mem_bytes, r.predicted.peak
+    if r.mem_kind != "cuda" or not measured or not predicted or abs(measured / predicted - 1) <= EXPLAIN_BEYOND:
         return []
     return [f"peak: {size(r.peaks.peak_mem_bytes)} measured against {size(r.predicted.peak)} estimated from "
             f"model states, buffers and gathered weights, and the most of backward's start (activations "
