@@ -172,8 +172,11 @@ def only_stage3(model: str, names: list[str], argv: list[str], free: int, device
         if (three := need(zero3, argv, n)).fits(free):
             return Rehearsal(n, model, free, device, three, f"stage 3 fits, but not every run: "
                              f"{most_needed(model, names, argv, n).total()}: expect an out-of-memory")
-    return Rehearsal(1, model, free, device, need(zero3, argv, 1),
-                     f"not even 2 ranks of stage 3 fit: {need(zero3, argv, 2).total()}")
+    one = need(zero3, argv, 1)
+    worse = "" if one.fits(free) else (": not even 1 fits, so expect an out-of-memory; a smaller --model, or the "
+                                       "optimizer offloaded (--stages \"0 3_offload\"), may fit")
+    return Rehearsal(1, model, free, device, one, f"not even 2 ranks of stage 3 fit: {need(zero3, argv, 2).total()}"
+                     + worse)
 
 
 def overfull(n: int, name: str, argv: list[str]) -> str | None:
