@@ -20,8 +20,9 @@ import torch
 
 from zero3bench import parts
 
-# The slice's elements: each part's time per element is flat from 2^23 elements on, where the slice outgrows the
-# caches (benchmarks/logs/cpu/hostpass/), so a partition of billions is timed on 2^25 (0.6 GB of host memory).
+# The slice's elements: the parts' time per element is about flat once the slice outgrows the caches, so that a
+# partition of billions is timed on 2^25 elements (0.6 GB of host memory): at one thread on this project's 2 cores,
+# 3.0 to 3.8 ns from 2^23 to 2^27, and 0.6 to 1.5 at 2^20 and fewer (benchmarks/logs/cpu/hostpass/rate-f86c18c.txt).
 SLICE = 1 << 25
 STEPS = 3  # timed after the first, whose CPU Adam makes its moments
 
@@ -80,9 +81,10 @@ def why(e: Exception) -> str:
 
 
 def load_cpu_adam() -> parts.HostPass | None:
-    """DeepSpeed's CPU Adam loaded, JIT-built on its first use in an environment (72 s on 2 cores, 4 s to load it
-    again there), before training, where a signal can still interrupt the run; None once loaded, else the host
-    pass that says why it could not be (no compiler), which ends no run."""
+    """DeepSpeed's CPU Adam loaded before training, where a signal can still interrupt the run: JIT-built on its
+    first use in an environment (minutes on 2 busy cores), then loaded in about 1.5 s there
+    (benchmarks/logs/cpu/hostpass/cost-f86c18c.txt). None once loaded, else the host pass that says why it could
+    not be (no compiler), which ends no run."""
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam  # DeepSpeed keeps the op it loads for the process
         DeepSpeedCPUAdam([torch.nn.Parameter(torch.zeros(1))])
