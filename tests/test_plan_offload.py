@@ -84,6 +84,15 @@ def test_a_plan_says_in_one_line_where_the_host_pass_not_the_gpu_sets_the_step(c
     assert "offload's host pass is shorter than the passes on the GPU in every row: the GPU sets the step" in lines
 
 
+def test_stages_1_and_2_offloaded_copy_their_weights_as_3_infinity_does_and_stage_3_into_the_gpus(capsys):
+    """Stages 1 and 2 copy the updated weights into a pinned host buffer, then to the GPU with the host copies;
+    stage 3 without offload_param copies them into the GPU's from the CPU (DeepSpeed 0.19.8)."""
+    p = planned(capsys, "--gpus", "1", "--stages", "1", "2", "3", "--offload", "--host-cores", "16")
+    host = {setup: rows(p, setup)[1]["host_pass_s"] for setup in ("1", "2", "3")}
+    per_rank = {s: steptime.ASSUMED_HOST_CORE_S[s] * PARAMS / 16 for s in steptime.OFFLOADS}
+    assert host == pytest.approx({"1": per_rank["3_infinity"], "2": per_rank["3_infinity"], "3": per_rank["3_offload"]})
+
+
 def test_the_host_cores_default_to_those_the_probes_ranks_ran_on_and_fewer_scale_the_host_pass(capsys, tmp_path):
     folder = calibrating(tmp_path)
     at = {cores: rows(planned(capsys, "--from", folder, *OFFLOAD, *cores), "3")[1]["host_pass_s"]

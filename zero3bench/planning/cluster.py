@@ -273,13 +273,21 @@ def world_one_seconds(compute: dict[str, float], w: WorldOne, setup: str, i: Inp
     return {p: s * scale for p, s in compute.items()}
 
 
+def host_pass_of(setup: str, i: Inputs) -> str:
+    """The host pass an offloaded setup makes: stage 3 copies the updated fp32 weights into the GPU's from the CPU,
+    converting them there (3_offload); with offload_param into the host's pinned weights (3_infinity), as stages 1
+    and 2 copy them into a pinned buffer, whose copy to the GPU runs with the host copies (DeepSpeed 0.19.8's
+    stage3.py and stage_1_and_2.py)."""
+    three = stages.shards_params(SETUPS[setup][0])
+    return "3_offload" if three and not offloads_params(setup, i) else "3_infinity"
+
+
 def host_pass_seconds(setup: str, model: Model, i: Inputs, world: int, host: HostPass) -> float:
     """Offload's host pass on one rank: its 1/G partition of the parameters on its share of its node's cores, as
     the node's ranks (G, at most a node's GPUs) share them; none where the setup keeps its optimizer on the GPU."""
     if not offloads_optimizer(setup, i):
         return 0.0
-    on_host = "3_infinity" if offloads_params(setup, i) else "3_offload"
-    return host.seconds(on_host, model.params / world, i.host_cores / min(world, i.gpus_per_node))
+    return host.seconds(host_pass_of(setup, i), model.params / world, i.host_cores / min(world, i.gpus_per_node))
 
 
 def headroom_left(m: MemoryTerms, i: Inputs) -> float:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from zero3bench.formatting import format_table, gib
-from zero3bench.planning.cluster import DTYPE, MAX_GPUS, Inputs, Modes, Plan, Row
+from zero3bench.planning.cluster import DTYPE, MAX_GPUS, Inputs, Modes, Plan, Row, host_pass_of
 from zero3bench.planning.steptime import OFFLOADS, WorldOne
 
 
@@ -32,12 +32,8 @@ def header(p: Plan) -> list[str]:
 
 
 def host_used(p: Plan) -> list[str]:
-    """The host passes that the plan's rows take: 3_offload's, 3_infinity's (with offload_param)."""
-    return sorted({host_setup(p, r.setup) for r in p.rows if r.host_pass_s})
-
-
-def host_setup(p: Plan, setup: str) -> str:
-    return "3_infinity" if p.label(setup).endswith("offload-param") else "3_offload"
+    """The host passes that the plan's rows take: 3_offload's, 3_infinity's."""
+    return sorted({host_pass_of(r.setup, p.inputs) for r in p.rows if r.host_pass_s})
 
 
 def host_lines(p: Plan) -> list[str]:
@@ -53,7 +49,7 @@ def both(figures: Modes | None, spec: str) -> str:
 def host_pass_cell(p: Plan, r: Row) -> str:
     if not r.host_pass_s:
         return "-"
-    return f"{r.host_pass_s:.3f} {'assumed' if p.host.assumed(host_setup(p, r.setup)) else 'measured'}"
+    return f"{r.host_pass_s:.3f} {'assumed' if p.host.assumed(host_pass_of(r.setup, p.inputs)) else 'measured'}"
 
 
 def main_table(p: Plan) -> str:
