@@ -276,7 +276,8 @@ def start(run, config, tokens, r):
     fill(r, placement)
     r.env = machine.environment(device)
     r.link_bytes_per_s = machine.link_bandwidth(device, r.world_size, placement.rehearsal, placement.ranks_per_node)
-    with phase(r.rank, "loading DeepSpeed's CPU Adam, to time offload's host step after training"):
+    # said where it JIT-builds, not in the second or two it takes to load after that: one screen of run.sh's output
+    with phase(r.rank, "loading DeepSpeed's CPU Adam, to time offload's host step after training", quiet_under_s=30):
         r.host_pass = hostpass.load_cpu_adam()
     try:
         build_and_train(run, config, tokens, r, device)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import facts, record
-from zero3bench import parts, result
+from zero3bench import machine, parts, result
 from zero3bench.accounting import hostpass
 from zero3bench.reporting import reading
 
@@ -30,6 +30,7 @@ def test_every_rank_records_its_host_pass_on_its_share_of_the_hosts_cores(run_sh
 
 
 def test_the_slice_is_the_ranks_partition_at_most_slice(monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(machine.extensions_folder()))  # where the runs build CPU Adam
     monkeypatch.setattr(hostpass, "SLICE", 4096)
     assert hostpass.load_cpu_adam() is None
     assert hostpass.probe(torch.device("cpu"), torch.bfloat16, 10**12).elements == 4096
