@@ -25,10 +25,11 @@ from zero3bench.accounting.shapes import DEFAULT_MODEL, PRESETS, ModelShape
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
 from zero3bench.options import DEFAULT_SEQ, BadInput
-from zero3bench.planning import cluster, inputs, output, steptime
+from zero3bench.planning import cluster, folders, output, steptime
 from zero3bench.planning.cluster import SETUPS, Inputs, Model
 from zero3bench.accounting.timing import hfu_per_mfu
-from zero3bench.planning.inputs import ASSUMED, SPANS, Folder, between, number
+from zero3bench.planning.folders import Folder
+from zero3bench.planning.inputs import ASSUMED, SPANS, between, number
 
 # The ranges of the numbers: what the arithmetic holds and what is physically meaningful.
 MAX_PARAMS = 1e14  # 50x the largest dense model trained
@@ -110,9 +111,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--from", dest="results", type=Path, help="a results folder of GPU runs: its summary.json's GPU "
                    "memory, peak, MFU (over its steady steps, of runs whose ranks had a GPU each) and all-gather bus "
                    "bandwidth replace the assumptions; flags given still win")
-    p.add_argument("--host-cores", type=whole("host_cores"), default=steptime.HOST_CORES,
-                   help=f"the host's cores, for CPU Adam's step at world 1 with --from (default "
-                        f"{steptime.HOST_CORES}: the calibrating H200 machine's)")
+    p.add_argument("--host-cores", type=whole("host_cores"),
+                   help=f"a node's host cores, which its ranks share for offload's host pass (CPU Adam and the copies "
+                        f"around it) (default: those the --from runs timed it on; else {steptime.HOST_CORES}, the "
+                        f"H200 machine's, whose host pass is then assumed)")
     p.add_argument("--json", action="store_true", help="the plan as JSON, instead of the tables")
     p.add_argument("--plot", type=Path, help="memory and tokens/s per GPU against G, as a PNG (needs matplotlib)")
     return p.parse_args(argv)
@@ -167,10 +169,13 @@ def resolve_model(args: argparse.Namespace) -> Model:
 
 
 class Settled(NamedTuple):
-    """What the plan is made at, where each machine input comes from, and the results folder it read."""
+    """What the plan is made at, where each machine input comes from, the results folder it read, offload's host pass
+    and the world-1 steps it builds on."""
     inputs: Inputs
     sources: dict[str, str]
     folder: Folder | None
+    host: steptime.HostPass
+    world_one: steptime.WorldOne | None
 
 
 def machine_inputs(args: argparse.Namespace, folder: Folder | None) -> tuple[dict[str, float], dict[str, str]]:
@@ -193,9 +198,24 @@ def machine_inputs(args: argparse.Namespace, folder: Folder | None) -> tuple[dic
     return values, sources
 
 
+def host_pass(args: argparse.Namespace, folder: Folder | None) -> steptime.HostPass:
+    """Offload's host pass per element: the folder's ranks' probes', else assumed. A plan of more cores than the
+    probes' host had, or of offload from a folder whose runs could not time it, is refused."""
+    host = steptime.host_pass(folder.probes, str(folder.path)) if folder else steptime.host_pass([])
+    if folder and folder.unprobed and not folder.probes and (args.offload or args.offload_param) and not any(
+            s in folder.at_world_one for s in steptime.OFFLOADS):
+        raise BadInput(f"--from {folder.path}: its runs could not time offload's host pass ({folder.unprobed[0]}), "
+                       f"and it ran no offload at world 1: plan offload from a run that timed it")
+    if args.host_cores and host.host_cores and args.host_cores > host.host_cores:
+        raise BadInput(f"--host-cores {args.host_cores} is more than the {host.host_cores} cores of the host that "
+                       f"--from {folder.path if folder else ''} timed offload's host pass on: plan at most "
+                       f"{host.host_cores}, or from a run on the larger host")
+    return host
+
+
 def settle(args: argparse.Namespace, model: Model) -> Settled:
     """The plan's inputs, each checked, from the flags, the results folder and the assumptions."""
-    folder = inputs.read_folder(args.results) if args.results else None
+    folder = folders.read_folder(args.results) if args.results else None
     values, sources = machine_inputs(args, folder)
     if values["reserve_gib"] + values["context_gib"] >= values["gpu_mem_gib"]:
         raise BadInput(f"--context-gib {values['context_gib']:g} and --reserve-gib {values['reserve_gib']:g} must "
@@ -212,10 +232,14 @@ def settle(args: argparse.Namespace, model: Model) -> Settled:
     if args.plot and args.plot.is_dir():  # matplotlib would write <folder>.png beside it
         raise BadInput(f"--plot {args.plot} is a folder: name the PNG file, such as {args.plot / 'plan.png'}")
     link_curve = folder.curve if folder and args.intra_busbw_gbs is None else None  # a bandwidth given: every size
+    host = host_pass(args, folder)
     i = Inputs(micro_batch, model.shape.context if model.shape else args.seq or 1024, args.checkpoint,
                sorted(set(args.gpus)), int(values.pop("gpus_per_node")), args.offload, args.offload_param,
-               list(dict.fromkeys(args.stages)), folder.device if folder else None, link_curve, **values)
-    return Settled(i, sources, folder)
+               list(dict.fromkeys(args.stages)), folder.device if folder else None, link_curve, **values,
+               host_cores=args.host_cores or host.cores)
+    world_one = steptime.world_one(folder.path, folder.at_world_one, model.name, i.micro_batch, i.checkpoint,
+                                   i.host_cores, i.host_gbs, host) if folder else None
+    return Settled(i, sources, folder, world_one.host if world_one else host, world_one)
 
 
 def write(text: str) -> None:
@@ -233,17 +257,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = parse_args(argv)
         model = resolve_model(args)
-        i, sources, folder = settle(args, model)
+        i, sources, folder, host, world_one = settle(args, model)
     except BadInput as e:
         print(f"plan.py: error: {e}", file=sys.stderr)
         sys.exit(EXIT["bad input"])
     if folder:
-        planned = inputs.Planned(model.name, i.seq, i.micro_batch, sources["mfu"] == "given")
-        for warning in inputs.folder_warnings(folder, planned):
+        planned = folders.Planned(model.name, i.seq, i.micro_batch, sources["mfu"] == "given")
+        for warning in folders.folder_warnings(folder, planned):
             print(f"plan.py: warning: {warning}", file=sys.stderr)
-    world_one = steptime.world_one(folder.path, folder.at_world_one, model.name, i.micro_batch, i.checkpoint,
-                                   args.host_cores, i.host_gbs) if folder else None
-    p = cluster.plan(model, i, sources, folder.calibration if folder else None, world_one)
+    p = cluster.plan(model, i, sources, folder.calibration if folder else None, host, world_one)
     write(json.dumps(p.as_dict(), indent=1) if args.json else output.text(p))
     if args.plot:
         try:

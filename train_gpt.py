@@ -26,7 +26,7 @@ from deepspeed import comm as dist
 
 from zero3bench import compat, exits, finishing, fsdp2, hf, machine, options, parts, rank_lines, result, stages
 from zero3bench.inputs import chosen, prediction_line, resolve
-from zero3bench.accounting import comms, measure
+from zero3bench.accounting import comms, hostpass, measure
 from zero3bench.accounting.shapes import PRESETS, as_record
 from zero3bench.formatting import START, log, phase, size
 from model import DTYPES, GPT, HuggingFace
@@ -276,6 +276,9 @@ def start(run, config, tokens, r):
     fill(r, placement)
     r.env = machine.environment(device)
     r.link_bytes_per_s = machine.link_bandwidth(device, r.world_size, placement.rehearsal, placement.ranks_per_node)
+    # said where it JIT-builds, not in the second or two it takes to load after that: one screen of run.sh's output
+    with phase(r.rank, "loading DeepSpeed's CPU Adam, to time offload's host step after training", quiet_under_s=30):
+        r.host_pass = hostpass.load_cpu_adam()
     try:
         build_and_train(run, config, tokens, r, device)
     except RuntimeError as e:
@@ -379,6 +382,8 @@ def main(argv=None):
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     zero = config.get("zero_optimization", {})
     finishing.finish(r, chosen(run.model)[0], zero, measure.memory_snapshot(device))
+    if r.host_pass is None and not (r.error or r.interrupted_by):  # its host memory is no part of the run's peaks
+        r.host_pass = hostpass.probe(device, DTYPES[run.dtype], hostpass.partition_of(r.shards.params_total, world))
     publish(r)
     machine.leave(world, exits.rank_status(r.oom, r.error, r.interrupted_by, bool(r.diverged or r.nonfinite_loss)))
 

@@ -631,6 +631,23 @@ def two_gpus() -> tuple:
     at = lambda mb: [abs(float(e)) for b, e in rows if b == mb]
     return f"{max(at('16')):.1f}%", f"{min(at('2')):.1f}%", f"{max(at('2')):.1f}%"
 
+def host_pass_cost() -> tuple:
+    """The JIT build of CPU Adam's op in an empty folder, and its loads in each run of run.sh's default after it."""
+    text = (ROOT / LOGS / "cpu/hostpass/cost-f86c18c.txt").read_text()
+    loads = [float(x) for x in re.findall(r"CPU Adam loaded in ([\d.]+) s", text)]
+    return re.search(r"^first use \(JIT build\): None ([\d.]+) s$", text, re.M)[1], f"{min(loads)}", f"{max(loads)}"
+
+
+def host_pass_rate() -> tuple:
+    """3_infinity's host pass per element at one thread, beyond the caches (2^23 to 2^27 elements) and in them (2^20
+    and fewer): the least and the most of each."""
+    rows = re.findall(r"^ *([\d,]+) +1 .* ([\d.]+)$", (ROOT / LOGS / "cpu/hostpass/rate-f86c18c.txt").read_text(), re.M)
+    at = {int(n.replace(",", "")): v for n, v in rows}
+    beyond, within = [at[n] for n in at if n >= 2**23], [at[n] for n in at if n <= 2**20]
+    assert len(beyond) == 5 and len(within) == 5
+    return min(beyond, key=float), max(beyond, key=float), min(within, key=float), max(within, key=float)
+
+
 HELD_OUT_FAMILIES = LOGS + "cpu/hf-heldout/families-a34cad9.txt"
 FAMILY_NAMES = {"gpt2": "GPT-2", "mixtral": "Mixtral", "bloom": "Bloom", "qwen3": "Qwen3", "gemma2": "Gemma2",
                 "phi3": "Phi-3", "qwen2_moe": "Qwen2-MoE"}
@@ -871,6 +888,15 @@ DOCS = [
            page=MEASUREMENT, read=step_check),
     Figure("where the GPU holds the step, are within {}; at micro batch 2 the host holds it, and that machine's host was "
            "faster: planned {} to {} too long", LOGS + "plan/two-gpus-f5a2c43.txt", "", page=MEASUREMENT, read=two_gpus),
+    Figure("3_infinity's parts took {} to {} core-ns per element from 2^23 to 2^27 elements, and {} to {} at 2^20",
+           LOGS + "cpu/hostpass/rate-f86c18c.txt", "", page=MEASUREMENT, read=host_pass_rate),
+    Figure("CPU Adam's op, {} s on this project's 2 shared cores; after it each run loads it in {} to {} s",
+           LOGS + "cpu/hostpass/cost-f86c18c.txt", "", page=MEASUREMENT, read=host_pass_cost),
+    Figure("for 1.3b ({} s for `3_offload`, {} s for `3_infinity`", LOGS + "plan/step-check-18aea3b.txt",
+           r"CPU Adam on 16 cores: 3_offload ([\d.]+) s, 3_infinity ([\d.]+) s", page=MEASUREMENT),
+    Figure("the {} committed offload runs at world 1 of 36-step-time and 38-step-time2 are within {}",
+           LOGS + "plan/offload-assumed-f86c18c.txt", r"^worst ([\d.]+%) over (\d+) runs", lambda w, n: (n, w),
+           page=MEASUREMENT),
     # docs/training-recipe.md
     Figure("ran {} slower on an H200 ({} ms against {} ms forward and backward", LOGS + "h200/1-first-look/env.txt",
            r"^vocab 50257: .* ([\d.]+) ms,[\s\S]*^vocab 50304: .* ([\d.]+) ms,",

@@ -13,7 +13,7 @@ from zero3bench import options, stages
 from zero3bench.accounting import activations, coordinator, host, memory, moments, predict, shapes, timing
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
-from zero3bench.planning import cluster, inputs, steptime
+from zero3bench.planning import cluster, folders, inputs, steptime
 from zero3bench.reporting import losses, verdict
 from zero3bench.reporting.bounds import FALLING_STEPS
 from zero3bench.reporting.figures import Check, Comparison, Loss, Memory, Partitioning, Promises, SameTraining
@@ -388,15 +388,15 @@ def test_a_calibration_over_fewer_than_min_steady_steps_is_uncertain():
 
 
 def test_runs_of_more_ranks_than_a_node_holds_are_not_on_one_node():
-    assert inputs.one_node([RankResult(world_size=8, ranks_per_node=8)])
-    assert not inputs.one_node([RankResult(world_size=16, ranks_per_node=8)])
+    assert folders.one_node([RankResult(world_size=8, ranks_per_node=8)])
+    assert not folders.one_node([RankResult(world_size=16, ranks_per_node=8)])
 
 
 def test_a_record_that_does_not_say_its_world_or_its_nodes_ranks_is_not_known_to_be_on_one_node():
-    assert inputs.one_node([RankResult(world_size=1, ranks_per_node=1)])
-    assert not inputs.one_node([RankResult(world_size=1)])
-    assert not inputs.one_node([RankResult(ranks_per_node=8)])
-    assert not inputs.one_node([RankResult()])
+    assert folders.one_node([RankResult(world_size=1, ranks_per_node=1)])
+    assert not folders.one_node([RankResult(world_size=1)])
+    assert not folders.one_node([RankResult(ranks_per_node=8)])
+    assert not folders.one_node([RankResult()])
 
 
 def test_a_run_without_records_gives_no_world_1_measurement(tmp_path):
@@ -839,7 +839,7 @@ def test_a_stage_3_run_whose_gpu_clock_lies_under_its_launches_and_hooks_sets_ze
                                  frozenset())
     zero, three = run(0, 0.25), run(3, 0.30)
     launches = steptime.launch_s(steptime.LAUNCH_S_PER_TENSOR_PASS, three, True)
-    t = steptime.terms("calibrating", {"0": zero, "3": three})  # the GPU's rate refitted on stage 0's 0.25 s
+    t = steptime.terms("calibrating", {"0": zero, "3": three}, steptime.host_pass([]))  # the GPU's rate refitted
     assert launches < steptime.gpu_s(three, 8, True, t.gpu_flops_per_s) < (
         launches + steptime.OWN_S_PER_TENSOR[3] * 292)
     assert t.own_s_per_tensor[3] == pytest.approx((0.30 - launches) / 292)
@@ -847,8 +847,8 @@ def test_a_stage_3_run_whose_gpu_clock_lies_under_its_launches_and_hooks_sets_ze
 
 def test_a_folder_of_one_rehearsal_says_it_is_one_and_of_more_that_they_are():
     def said(rehearsals):
-        folder = inputs.Folder(Path("results"), {}, None, None, None, rehearsals, {})
-        return " ".join(inputs.folder_warnings(folder, inputs.Planned("tiny", 256, 2, mfu_given=True)))
+        folder = folders.Folder(Path("results"), {}, None, None, None, rehearsals, {}, [], [])
+        return " ".join(folders.folder_warnings(folder, folders.Planned("tiny", 256, 2, mfu_given=True)))
     assert "stage3 is a rehearsal" in said(["stage3"])
     assert "stage0, stage3 are rehearsals" in said(["stage0", "stage3"])
 

@@ -629,14 +629,29 @@ def test_a_sharded_optimizers_pass_on_the_gpu_falls_with_g_where_the_gpu_holds_t
     assert rows(p, "3")[1]["compute_s"] - rows(p, "3")[2]["compute_s"] == pytest.approx(optimizer / 2, rel=1e-6)
 
 
-def test_cpu_adam_is_shared_by_the_ranks_of_a_node_and_falls_once_the_ranks_span_nodes(capsys):
-    p = planned(capsys, "--from", MB2, "--gpus", "1", "8", "16", "--gpus-per-node", "8", "--stages", "3",
-                "--offload")
-    adam = p["world_one"]["step_s"]["3_offload"] - p["world_one"]["clocks"]["3_offload"]["host_s"] - sum(
-        c["s"] for c in rows(p, "3")[1]["comm"])
-    compute = {g: r["compute_s"] for g, r in rows(p, "3").items()}
-    assert compute[8] == pytest.approx(compute[1])
-    assert compute[8] - compute[16] == pytest.approx(adam / 2, rel=1e-6)
+def test_offloads_host_pass_is_shared_by_the_ranks_of_a_node_and_falls_once_the_ranks_span_nodes(capsys):
+    """92vQ's 3_offload left 1.194 s on its host's 16 cores for 1,313,722,368 elements. On 8 GPUs of a node each rank
+    steps 1/8 of them on 2 cores: 1.194 s again. On 64 GPUs, 8 nodes, each rank steps 1/64 on 2 cores: 1.194 / 8."""
+    p = planned(capsys, "--from", MB2, "--gpus", "1", "8", "64", "--gpus-per-node", "8", "--host-cores", "16",
+                "--stages", "3", "--offload")
+    copies = 2 * 2 * 1_313_722_368 / 50e9  # the gradients out and the weights back, in bf16 at 50 GB/s
+    left = run_of(MB2, "3_offload").step_s - p["world_one"]["clocks"]["3_offload"]["host_s"] - copies
+    by_hand = {1: left, 8: (1_313_722_368 / 8) * (left * 16 / 1_313_722_368) / (16 / 8),
+               64: (1_313_722_368 / 64) * (left * 16 / 1_313_722_368) / (16 / 8)}
+    assert by_hand[8] == pytest.approx(left) and by_hand[64] == pytest.approx(left / 8)
+    assert {g: r["host_pass_s"] for g, r in rows(p, "3").items()} == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_a_rank_steps_its_partition_on_its_share_of_its_nodes_host_cores():
+    """At 1.5e-8 core-seconds per element (3_offload), 1.3e9 parameters on 32 GPUs of 4 a node with 24 host cores:
+    each rank steps 1.3e9 / 32 = 40.625e6 elements on 24 / 4 = 6 cores: 40.625e6 x 1.5e-8 / 6 = 0.1015625 s."""
+    host = steptime.HostPass({"3_offload": 1.5e-8, "3_infinity": 1e-8}, {}, 16)
+    args = plan.parse_args(["--params", "1.3e9", "--offload", "--gpus", "32", "--gpus-per-node", "4",
+                            "--host-cores", "24"])
+    model = plan.resolve_model(args)
+    i = plan.settle(args, model).inputs
+    assert cluster.host_pass_seconds("3", model, i, 32, host) == pytest.approx(0.1015625)
+    assert cluster.host_pass_seconds("0", model, i, 32, host) == 0  # stage 0 keeps its optimizer on the GPU
 
 
 def two_gpu_runs(calibrating):
@@ -674,16 +689,26 @@ def test_a_folder_of_stages_0_and_3_plans_stages_1_and_2_on_its_stage_0_and_says
     folder = STEP_TIME2 / "20261204-043339-9DfY"  # stages 0 and 3 at world 1, micro batch 8, no checkpointing
     p = planned(capsys, "--from", folder, "--gpus", "1", "--stages", "0", "1", "2", "3")
     assert p["world_one"]["ran"] == ["0", "3"]
-    assert sorted(p["world_one"]["step_s"]) == ["0", "1", "2", "3"]
+    assert sorted(p["world_one"]["step_s"]) == ["0", "1", "2", "3", "3_infinity", "3_offload"]
     assert p["world_one"]["step_s"]["1"] == p["world_one"]["step_s"]["2"] == p["world_one"]["step_s"]["0"]
     assert "  1, 2: not run there; planned on its stage 0" in planned_text(capsys, "--from", folder, "--gpus", "1")
 
 
-def test_an_offloaded_setup_the_folder_did_not_run_keeps_the_mfus_compute(capsys):
+def test_an_offloaded_setup_the_folder_did_not_run_is_planned_on_its_stage_3_and_the_assumed_host_pass(capsys):
+    """9DfY ran stages 0 and 3 alone, and before runs timed their host pass: 3_offload's step at world 1 is its
+    stage 3's passes without the optimizer's on the GPU, the copies and 92vQ's host pass, which the table calls
+    assumed."""
     folder = STEP_TIME2 / "20261204-043339-9DfY"
     p = planned(capsys, "--from", folder, "--gpus", "1", "--stages", "3", "--offload")
-    assert "3_offload" not in p["world_one"]["step_s"]
-    assert rows(p, "3")[1]["step_s"]["overlapped"] != p["world_one"]["step_s"]["3"]
+    three = run_of(folder, "3")
+    passes = p["world_one"]["clocks"]["3_offload"]
+    assert passes["optimizer_s"] == 0 and passes["host_s"] == p["world_one"]["clocks"]["3"]["host_s"]
+    host = steptime.ASSUMED_HOST_CORE_S["3_offload"] * three.params / 16
+    assert host == pytest.approx(1.194)
+    assert p["world_one"]["step_s"]["3_offload"] == pytest.approx(
+        max(passes["host_s"], passes["flops_s"]) + 2 * 2 * three.params / 50e9 + host)
+    assert rows(p, "3")[1]["step_s"]["overlapped"] == pytest.approx(p["world_one"]["step_s"]["3_offload"])
+    assert "1.194 assumed" in planned_text(capsys, "--from", folder, "--gpus", "1", "--stages", "3", "--offload")
 
 
 def test_a_run_without_a_steady_step_gives_no_world_one_step(capsys):

@@ -321,7 +321,7 @@ def test_every_function_of_plan_py_and_planning_is_typed(path):
 def test_a_plans_rows_are_typed_records_read_by_attribute(capsys):
     model = plan.resolve_model(plan.parse_args([]))
     settled = plan.settle(plan.parse_args(["--gpus", "8"]), model)
-    p = cluster.plan(model, settled.inputs, settled.sources, None)
+    p = cluster.plan(model, settled.inputs, settled.sources, None, settled.host)
     [row, *_] = p.rows
     assert isinstance(row, cluster.Row) and isinstance(row.step_s, cluster.Modes)
     assert all(isinstance(c, cluster.Collective) for c in row.comm)

@@ -90,9 +90,9 @@ def log(rank: int, msg: str) -> None:
 
 
 @contextlib.contextmanager
-def phase(rank: int, name: str) -> Iterator[None]:
-    """Log a phase's end, and a line every 30 s while it runs: a first JIT build of DeepSpeed's ops can take
-    minutes, and a long start should never sit silent."""
+def phase(rank: int, name: str, quiet_under_s: float = 0.0) -> Iterator[None]:
+    """Log a phase's end (where it took quiet_under_s or more), and a line every 30 s while it runs: a first JIT
+    build of DeepSpeed's ops can take minutes, and a long start should never sit silent."""
     start, done = time.perf_counter(), threading.Event()
 
     def heartbeat() -> None:
@@ -104,4 +104,5 @@ def phase(rank: int, name: str) -> Iterator[None]:
         yield
     finally:
         done.set()
-    log(rank, f"{name}: done in {time.perf_counter() - start:.1f} s")
+    if time.perf_counter() - start >= quiet_under_s:
+        log(rank, f"{name}: done in {time.perf_counter() - start:.1f} s")

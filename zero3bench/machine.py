@@ -5,6 +5,7 @@ so that each can go when its cause does.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -114,6 +115,7 @@ def prepare_process(launcher: str) -> None:
     normalise_cuda_arch_list()
     fall_back_caches()
     keep_extensions_apart()
+    ask_the_cpu_once()
     # DeepSpeed (0.14 to 0.19.8 at least) calls torch.distributed functions that torch 2.4 on deprecates: the
     # warnings say nothing that a user can act on
     warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+.* is deprecated")
@@ -210,6 +212,18 @@ def extensions_folder() -> Path:
     and torch."""
     key = hashlib.sha1(f"{sys.prefix} {torch.__version__}".encode()).hexdigest()[:8]
     return Path.home() / ".cache" / "torch_extensions" / f"{Path(sys.prefix).name}-torch{torch.__version__}-{key}"
+
+
+def ask_the_cpu_once() -> None:
+    """py-cpuinfo (9.0) starts a Python subprocess for each get_cpu_info(), 0.7 to 1.2 s on 2 busy cores, and
+    DeepSpeed (0.19.8) asks it three times for each op it loads and once more for each CPU Adam it makes: 8 times in
+    a CPU rank that loads its all-reduce and CPU Adam. A process's CPU does not change: the first answer serves."""
+    try:
+        import cpuinfo
+    except ImportError:  # DeepSpeed then asks lscpu, once per question
+        return
+    if not hasattr(cpuinfo.get_cpu_info, "cache_info"):
+        cpuinfo.get_cpu_info = functools.cache(cpuinfo.get_cpu_info)
 
 
 def keep_extensions_apart() -> None:

@@ -118,6 +118,23 @@ class Predicted(Part):
 
 
 @dataclass(frozen=True)
+class HostPass(Part):
+    """DeepSpeed's optimizer step on the host as stage 3 makes it when it offloads the optimizer, timed after training
+    on a slice of this rank's partition (accounting.hostpass.probe): each part's seconds on the slice, the median of
+    a few steps; what a plan of offload takes from a run that did not offload. None where it was not timed (why_not)."""
+    elements: int | None = None  # the slice: the rank's share of the parameters, at most hostpass.SLICE
+    threads: int | None = None  # the threads CPU Adam ran on: torch's, whose OpenMP DeepSpeed's op shares
+    host_cores: int | None = None  # the cores the rank could run on, which the ranks of its node shared
+    cpu: str | None = None  # the CPU's model
+    dtype: str | None = None  # the training weights' dtype, into which the updated fp32 weights are copied
+    unscale_s: float | None = None  # the fp32 gradients unscaled (stage 3's unscale_and_clip_grads: one mul_)
+    adam_s: float | None = None  # DeepSpeedCPUAdam's step on the fp32 master weights and their gradients
+    to_gpu_s: float | None = None  # their copy into the GPU's weights, as stage 3 makes it (3_offload); None on a CPU
+    to_host_s: float | None = None  # their copy into the host's pinned weights (3_infinity's offload_param)
+    why_not: str | None = None  # why the step was not timed: the run did not finish, CPU Adam could not be built
+
+
+@dataclass(frozen=True)
 class Collectives(Part):
     """The collectives of one kind in a step (all-gathers, say), as accounting.comms counts them: their size in
     nccl-tests' terms (an all-gather's gathered output, a reduce-scatter's whole input, an all-reduce's buffer)."""
@@ -167,7 +184,7 @@ class Step(Part):
 
 # the fields of a rank's result that hold one part each, by the part's class
 ONE: dict[str, type[Part]] = {"env": Environment, "memory_at_start": MemorySnapshot, "model_state_breakdown": Census,
-                              "host_state_breakdown": Census, "built": Built}
+                              "host_state_breakdown": Census, "built": Built, "host_pass": HostPass}
 
 
 def of(d: dict[str, Any]) -> dict[str, Any]:

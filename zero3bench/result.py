@@ -73,6 +73,9 @@ class RankResult:
     # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve); logs from before
     # the curve hold its one figure, at 256 MiB
     link_busbw: dict[str, float] | float | None = None
+    # offload's step on the host (CPU Adam and the copies around it), timed on a slice after training; logs from before
+    # it lack it
+    host_pass: parts.HostPass | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RankResult":

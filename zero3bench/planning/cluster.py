@@ -15,7 +15,7 @@ from zero3bench.accounting.shapes import ModelShape
 from zero3bench.options import run_from
 from zero3bench.accounting.timing import hfu_per_mfu
 from zero3bench.planning.inputs import Calibration
-from zero3bench.planning.steptime import WorldOne
+from zero3bench.planning.steptime import HostPass, WorldOne
 
 DTYPE = "bf16"  # the plan is of 16-bit training, the precision the peak FLOP/s are for
 WIDTH = predict.WIDTH[DTYPE]
@@ -59,6 +59,7 @@ class Inputs:
     host_gbs: float
     reserve_gib: float
     context_gib: float
+    host_cores: int  # a node's host cores, which its ranks share for offload's host pass
 
     @property
     def hfu(self) -> float:
@@ -97,6 +98,7 @@ class Row:
     headroom_left: float
     link: str  # the slowest link its collectives cross: "intra", "inter", or "none" on one GPU
     compute_s: float
+    host_pass_s: float  # offload's pass on the host (CPU Adam and what DeepSpeed does around it), after the passes
     comm: list[Collective]
     step_s: Modes
     tokens_per_s_per_gpu: Modes
@@ -121,7 +123,7 @@ class Row:
 
 
 ROW_KEYS = ("setup", "gpus", "nodes", "memory", "deepspeed_estimate", "host_per_node", "headroom_left", "fits", "link",
-            "compute_s", "comm", "comm_s", "step_s", "tokens_per_s_per_gpu", "scaling")
+            "compute_s", "host_pass_s", "comm", "comm_s", "step_s", "tokens_per_s_per_gpu", "scaling")
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,7 @@ class Plan:
     inputs: Inputs
     sources: dict[str, str]  # where each machine input comes from, by name
     calibration: Calibration | None
+    host: HostPass  # offload's host pass per element, measured or assumed
     rows: list[Row] = field(default_factory=list)
     smallest_fitting_gpus: dict[str, int | None] = field(default_factory=dict)
     world_one: WorldOne | None = None  # each setup's step at world 1, from the calibrating run (steptime.py)
@@ -146,6 +149,7 @@ class Plan:
         return {"model": {"name": m.name, "params": m.params, "shape": asdict(m.shape) if m.shape else None},
                 "dtype": DTYPE, "max_gpus": MAX_GPUS, "labels": {s: self.label(s) for s in self.inputs.stages},
                 "inputs": inputs, "sources": self.sources, "calibration": calibration,
+                "host_pass": asdict(self.host),
                 "rows": [r.as_dict() for r in self.rows], "smallest_fitting_gpus": self.smallest_fitting_gpus,
                 **({"world_one": asdict(self.world_one)} if self.world_one else {})}
 
@@ -259,15 +263,31 @@ def world_one_setup(setup: str, i: Inputs) -> str:
 
 
 def world_one_seconds(compute: dict[str, float], w: WorldOne, setup: str, i: Inputs, world: int) -> dict[str, float]:
-    """A rank's step without its collectives, from the world-1 clocks of the run it builds on (steptime.py): the
+    """A rank's passes without their collectives, from the world-1 clocks of the run it builds on (steptime.py): the
     longer of the host's clock (launches, the engine's own cost such as ZeRO-3's hooks) and the GPU's, whose
     optimizer pass covers a 1/G partition where the setup shards the optimizer, shared among the passes as their
-    FLOPs are; then CPU Adam, whose work (the whole model's) a node's ranks share, each on its share of the cores."""
+    FLOPs are."""
     base = world_one_setup(setup, i)
     shards = world if setup == "fsdp2" or not stages.shards_nothing(SETUPS[setup][0]) else 1
     scale = w.clocks[base].passes_s(shards) / sum(compute.values())
-    cpu_adam = w.cpu_adam_s.get(base, 0.0) * min(1.0, i.gpus_per_node / world)
-    return {**{p: s * scale for p, s in compute.items()}, **({"cpu_adam": cpu_adam} if cpu_adam else {})}
+    return {p: s * scale for p, s in compute.items()}
+
+
+def host_pass_of(setup: str, i: Inputs) -> str:
+    """The host pass an offloaded setup makes: stage 3 copies the updated fp32 weights into the GPU's from the CPU,
+    converting them there (3_offload); with offload_param into the host's pinned weights (3_infinity), as stages 1
+    and 2 copy them into a pinned buffer, whose copy to the GPU runs with the host copies (DeepSpeed 0.19.8's
+    stage3.py and stage_1_and_2.py)."""
+    three = stages.shards_params(SETUPS[setup][0])
+    return "3_offload" if three and not offloads_params(setup, i) else "3_infinity"
+
+
+def host_pass_seconds(setup: str, model: Model, i: Inputs, world: int, host: HostPass) -> float:
+    """Offload's host pass on one rank: its 1/G partition of the parameters on its share of its node's cores, as
+    the node's ranks (G, at most a node's GPUs) share them; none where the setup keeps its optimizer on the GPU."""
+    if not offloads_optimizer(setup, i):
+        return 0.0
+    return host.seconds(host_pass_of(setup, i), model.params / world, i.host_cores / min(world, i.gpus_per_node))
 
 
 def headroom_left(m: MemoryTerms, i: Inputs) -> float:
@@ -293,20 +313,24 @@ def estimate(setup: str, model: Model, i: Inputs, world: int) -> int | None:
     return e["device"] if e and engine == "deepspeed" else None
 
 
-def row(setup: str, model: Model, i: Inputs, world: int, zero: dict[str, Any], w: WorldOne | None = None) -> Row:
-    """With w, the setup's world-1 step (where it has one) is the step's base; else the FLOPs at the MFU."""
+def row(setup: str, model: Model, i: Inputs, world: int, zero: dict[str, Any], host: HostPass,
+        w: WorldOne | None = None) -> Row:
+    """With w, the setup's world-1 step (where it has one) is the step's base; else the FLOPs at the MFU. Offload's
+    host pass follows the passes."""
     m = memory(setup, model, i, world, zero)
     based = w is not None and world_one_setup(setup, i) in w.clocks
     comm = step_collectives(setup, model, i, world, zero, serial_copies=based)
     compute = compute_seconds(model, i)
     compute = world_one_seconds(compute, w, setup, i, world) if based else compute
-    step = timing.step_seconds(compute, [(c.phase, c.s) for c in comm], model.shape.layers if model.shape else None)
+    on_host = host_pass_seconds(setup, model, i, world, host)
+    step = timing.step_seconds({**compute, "host": on_host}, [(c.phase, c.s) for c in comm],
+                               model.shape.layers if model.shape else None)
     tokens = i.micro_batch * i.seq
     terms = {k: v for k, v in m.flat().items() if k != "breakdown"}
     return Row(setup, world, -(-world // i.gpus_per_node), terms, estimate(setup, model, i, world),
                host_per_rank(setup, model, i, world, zero, m) * min(world, i.gpus_per_node), headroom_left(m, i),
                "inter" if world > i.gpus_per_node else "intra" if world > 1 else "none", sum(compute.values()),
-               comm, Modes(**step), Modes(**{mode: tokens / step[mode] for mode in MODES}))
+               on_host, comm, Modes(**step), Modes(**{mode: tokens / step[mode] for mode in MODES}))
 
 
 def smallest_fitting(setup: str, model: Model, i: Inputs, zero: dict[str, Any]) -> int | None:
@@ -331,9 +355,9 @@ def scaled(r: Row, base: Row) -> Row:
     return replace(r, scaling=Modes(mine.overlapped / theirs.overlapped, mine.serial / theirs.serial))
 
 
-def plan(model: Model, i: Inputs, sources: dict[str, str], calibration: Calibration | None,
+def plan(model: Model, i: Inputs, sources: dict[str, str], calibration: Calibration | None, host: HostPass,
          world_one: WorldOne | None = None) -> Plan:
-    rows = [row(s, model, i, g, zero_section(s), world_one) for s in i.stages for g in i.gpus]
+    rows = [row(s, model, i, g, zero_section(s), host, world_one) for s in i.stages for g in i.gpus]
     rows = [scaled(r, next(b for b in rows if b.setup == r.setup)) for r in rows]
-    return Plan(model, i, sources, calibration, rows,
+    return Plan(model, i, sources, calibration, host, rows,
                 {s: smallest_fitting(s, model, i, zero_section(s)) for s in i.stages}, world_one)

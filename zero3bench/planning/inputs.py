@@ -1,7 +1,7 @@
 """
-What plan.py reads, checked before it plans: each number of its command line within a range, and a results folder,
-read once: its records of the types that plan.py reads, what they say of the machine (the GPU's memory and
-peak, the link's bus bandwidth) and the compute rate of a run's steady steps. torch-free.
+What plan.py reads, checked before it plans: each number of its command line within a range, a results folder's
+records of the types that plan.py reads, and the compute rate of a run's steady steps (what the folder says of the
+machine: folder.py). torch-free.
 """
 import argparse
 import json
@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from zero3bench.accounting import timing
-from zero3bench.formatting import gib
 from zero3bench.options import BadInput
 from zero3bench.result import RankResult
-from zero3bench.planning import steptime
 
 # Steps 1 to 3 are slower than the rest: step 1 allocates and selects kernels, and steps 2 and 3 ran 5 to 30%
 # over the steady time on H200s (benchmarks/logs/h200/21-verdict/1-cold/results/20261201-110054-sG16: 0.366 and
@@ -119,7 +117,15 @@ FOR_SPEED = ("micro_batch", "seq", "gpus")
 RECORD_SPANS = {"device_total_bytes": (SPANS["gpu_mem_gib"], 2**30), "peak_tflops": (SPANS["peak_tflops"], 1),
                 "link_busbw": (SPANS["intra_busbw_gbs"], 1e9),
                 "flops_per_token": (Span(6, 1e20, "6 per parameter of one parameter, to 1e20"), 1),
-                "time_s": (Span(1e-6, 1e6, "a microsecond to 11 days"), 1)}
+                "time_s": (Span(1e-6, 1e6, "a microsecond to 11 days"), 1),
+                "mfu": (Span(1e-9, 1, "a fraction of the peak, not a percentage"), 1),
+                # a host pass's elements per second on all its threads: 1,000 times slower than one core of 2010
+                # to 1,000 times faster than 16 cores of an H200 machine
+                "host_rate": (Span(1e5, 1e12, "1e5 to 1e12 elements a second"), 1)}
+# a record's host pass (parts.HostPass): whole numbers, and the seconds of each part on its elements; a GPU's rank
+# times the copy into the GPU's weights too
+HOST_WHOLE = ("elements", "threads", "host_cores")
+HOST_PARTS = ("unscale_s", "adam_s", "to_host_s")
 
 
 def positive_number(value: Any) -> bool:
@@ -155,17 +161,41 @@ def bus_bandwidths(curve: Any) -> bool:
     return all(isinstance(v, (int, float)) and positive_number(v) and within("link_busbw", v) for v in figures)
 
 
+def host_pass_problem(h: Any, on_gpu: bool) -> tuple[str, Any, str] | None:
+    """What is wrong with a record's host pass, as (key, its value, what goes there), or None: where it says no
+    why_not, its whole numbers and each part's seconds, at a rate within its span."""
+    if not isinstance(h, dict):
+        return "", h, "a host pass (an object)"
+    if h.get("why_not") is not None:
+        return ("why_not", h["why_not"], "why the host pass was not timed, in words") if not isinstance(
+            h["why_not"], str) else None
+    for key in HOST_WHOLE:
+        if type(h.get(key)) is not int or h[key] < 1:
+            return key, h.get(key), "a whole number from 1"
+    for key in (*HOST_PARTS, *(("to_gpu_s",) if on_gpu else ())):
+        value = h.get(key)
+        if not (positive_number(value) and within("host_rate", h["elements"] / value)):
+            return key, value, (f"the seconds its {h['elements']:,} elements took, at a rate "
+                                f"{spanned('host_rate')}")
+    return None
+
+
 def record_problem(d: Any) -> tuple[str, Any, str] | None:
     """What is wrong with one RESULT record for plan.py, as (key, its value, what goes there), or None."""
     if not isinstance(d, dict):
         return "", d, "a RESULT record (an object)"
+    if d.get("host_pass") is not None:
+        problem = host_pass_problem(d["host_pass"], d.get("mem_kind") == "cuda")
+        if problem:
+            key, value, wanted = problem
+            return f"host_pass{'.' + key if key else ''}", value, wanted
     for key, least in WHOLE.items():
         if d.get(key) is not None and (type(d[key]) is not int or d[key] < least):
             return key, d[key], f"a whole number from {least}"
     for key in (FOR_SPEED if d.get("steps") else ()):
         if d.get(key) is None:
             return key, d.get(key), f"a whole number from {WHOLE[key]}, as its steps' speed is worked out from it"
-    for key in POSITIVE:
+    for key in (*POSITIVE, "mfu"):
         if d.get(key) is not None and not positive_number(d[key]):
             return key, d[key], "a positive number"
         if d.get(key) is not None and key in RECORD_SPANS and not within(key, d[key]):
@@ -198,6 +228,8 @@ def read_records(folder: Path) -> dict[str, list[dict[str, Any]]]:
         raise BadInput(f"--from {folder}: summary.json holds no results") from None
     if not isinstance(runs, dict) or not all(isinstance(rs, list) for rs in runs.values()):
         raise BadInput(f"--from {path}: \"results\" must hold a list of records per run")
+    if not any(runs.values()):
+        raise BadInput(f"--from {path}: \"results\" holds no run's record: nothing was measured there ({MAKE_RUN})")
     for name, records in runs.items():
         for i, d in enumerate(records):
             problem = record_problem(d)
@@ -268,125 +300,3 @@ def calibration(runs: dict[str, list[RankResult]], path: Path) -> Calibration | 
                                f"({r.flops_per_token:g}) or peak_tflops ({r.peak_tflops:g}) is wrong")
             found.append(Calibration(name, mfu, hfu, steps, r.run.model, r.run.seq, r.run.micro_batch, checkpoint))
     return max(found, key=lambda c: c.hfu, default=None)
-
-
-# -----------------------------------------------------------------------------
-# what a results folder says of the machine
-
-
-class Measured(NamedTuple):
-    """A machine input that a results folder measured, and where."""
-    value: float
-    source: str
-
-
-@dataclass(frozen=True)
-class Folder:
-    """What plan.py's --from takes of a results folder."""
-    path: Path
-    measured: dict[str, Measured]  # by machine input (ASSUMED's keys)
-    device: str | None  # the GPUs' names
-    curve: dict[int, float] | None  # the link's bus bandwidth by message bytes, within a node
-    calibration: Calibration | None
-    rehearsals: list[str]  # the runs whose ranks shared a GPU: their speed is not real, their memory is
-    at_world_one: dict[str, steptime.Measured]  # its runs on one GPU alone, by setup, for steptime.world_one
-
-
-def median_of(values: list[float | None]) -> float | None:
-    measured = [v for v in values if v is not None]
-    return statistics.median(measured) if measured else None
-
-
-def one_node(results: list[RankResult]) -> bool:
-    """Whether each rank's world fits its node; a record that does not say its world or its node's ranks is not
-    known to, and its link counts as the network's."""
-    return all(r.world_size and r.ranks_per_node and r.world_size <= r.ranks_per_node for r in results)
-
-
-def machine(runs: dict[str, list[RankResult]], path: Path, calibrated: Calibration | None) -> dict[str, Measured]:
-    """Each machine input a folder measured, from the first run that measured it, each figure the median over its
-    ranks: the GPU's memory and peak from any run; the MFU and the link's bus bandwidth (at the old probe's
-    256 MiB) from runs whose ranks each had a GPU of their own, within a node where all its ranks were on one."""
-    source = f"measured in {path}"
-    found = {}
-    if calibrated:
-        few = f"; UNCERTAIN: fewer than {MIN_STEADY}" if calibrated.uncertain else ""
-        found["mfu"] = Measured(calibrated.mfu, f"{source} ({calibrated.run}, micro batch {calibrated.micro_batch}, "
-                                                f"over {calibrated.steady_steps} steady steps{few})")
-    for name, rs in runs.items():
-        memory = median_of([r.peaks.device_total_bytes for r in rs])
-        peak = median_of([r.peak_tflops for r in rs])
-        if memory:
-            found.setdefault("gpu_mem_gib", Measured(gib(memory), source))
-        if peak:
-            found.setdefault("peak_tflops", Measured(peak, source))
-        link = median_of([r.link_busbw_at(1 << 28) for r in rs]) if not rs[0].rehearsal else None
-        if link:
-            found.setdefault("intra_busbw_gbs" if one_node(rs) else "inter_busbw_gbs", Measured(link / 1e9, source))
-    return found
-
-
-def cpu_runs(records: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """The runs whose ranks were CPU processes, which measure no GPU."""
-    return [name for name, rs in records.items() if any(d.get("mem_kind") not in (None, "cuda") for d in rs)]
-
-
-def read_folder(path: Path) -> Folder:
-    """A results folder for --from: its summary.json read once, each record checked, and what it says of the
-    machine. A folder of CPU runs is refused; a rehearsal's runs give the GPU's memory, not its speed."""
-    records = read_records(path)
-    cpu = cpu_runs(records)
-    if cpu:
-        raise BadInput(f"--from {path}: {', '.join(cpu)} ran as CPU processes, which measure no GPU: plan from a "
-                       f"GPU run's folder ({MAKE_RUN})")
-    runs = {name: [RankResult.from_dict(d) for d in rs] for name, rs in records.items() if rs}
-    rehearsals = [name for name, rs in runs.items() if rs[0].rehearsal]
-    own_gpus = {name: rs for name, rs in runs.items() if name not in rehearsals}
-    calibrated = calibration(own_gpus, path)
-    devices = sorted({r.env.device for rs in runs.values() for r in rs if r.env and r.env.device})
-    curves = [r.link_busbw for rs in own_gpus.values() for r in rs
-              if isinstance(r.link_busbw, dict) and one_node([r])]
-    curve = {int(k): v for k, v in curves[0].items()} if curves else None
-    alone = steptime.at_world_one({name: records[name][0] for name, rs in own_gpus.items() if steady_times(rs[0])})
-    return Folder(path, machine(runs, path, calibrated),
-                  ", ".join(devices) or None, curve, calibrated, rehearsals, alone)
-
-
-# -----------------------------------------------------------------------------
-# what the user should know of a plan made from a folder
-
-
-@dataclass(frozen=True)
-class Planned:
-    """What a plan is made for, against which its calibrating run is held."""
-    model: str
-    seq: int
-    micro_batch: int
-    mfu_given: bool
-
-
-def folder_warnings(folder: Folder, planned: Planned) -> list[str]:
-    """What the user should know of a plan made from a results folder: a rehearsal's speed left out; the MFU's run
-    too short, or absent; the plan of another model, sequence or micro batch than the run that measured its MFU."""
-    at = f"--from {folder.path}"
-    warnings = []
-    if folder.rehearsals:
-        are = "is a rehearsal" if len(folder.rehearsals) == 1 else "are rehearsals"
-        warnings.append(f"{at}: {', '.join(folder.rehearsals)} {are} (ranks sharing one GPU), whose speed is not "
-                        f"real: the plan takes the GPU's memory from a rehearsal, not its MFU or its link")
-    c = folder.calibration
-    if planned.mfu_given:
-        return warnings
-    if not c:
-        return warnings + [f"{at}: no run with a GPU per rank has a steady step (step {STEADY_FROM} or later, not "
-                           f"the profiled last): the MFU is assumed; {MAKE_RUN}"]
-    for measured, plans, was, will in ((c.model, planned.model, "on {}", "for {}"),
-                                       (c.seq, planned.seq, "at seq {}", "at seq {}"),
-                                       (c.micro_batch, planned.micro_batch, "at micro batch {}", "at {}")):
-        if measured != plans:
-            warnings.append(f"{at}: MFU {c.mfu:.3g} measured {was.format(measured)}, planned {will.format(plans)}: "
-                            f"another model, sequence or micro batch reaches another MFU")
-    if c.uncertain:
-        warnings.append(f"{at}: MFU {c.mfu:.3g} from {c.steady_steps} steady step(s) of {c.run}, fewer than "
-                        f"{MIN_STEADY}: uncertain; {MAKE_RUN}")
-    return warnings

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from zero3bench.formatting import format_table, gib
-from zero3bench.planning.cluster import DTYPE, MAX_GPUS, Inputs, Modes, Plan
-from zero3bench.planning.steptime import WorldOne
+from zero3bench.planning.cluster import DTYPE, MAX_GPUS, Inputs, Modes, Plan, Row, host_pass_of
+from zero3bench.planning.steptime import OFFLOADS, WorldOne
 
 
 def within(inputs: Inputs) -> str:
@@ -28,26 +28,57 @@ def header(p: Plan) -> list[str]:
              f"GPU{' (' + i.device + ')' if i.device else ''}: {i.gpu_mem_gib:.1f} GiB, "
              f"{i.peak_tflops:g} TFLOP/s peak at MFU {i.mfu:.3g}{hfu}; {i.gpus_per_node} GPUs per node; bus "
              f"bandwidth {within(i)} within a node, {i.inter_busbw_gbs:g} GB/s across nodes"]
-    return lines + [f"  {key} {getattr(i, key):g}: {why}" for key, why in p.sources.items()]
+    return lines + [f"  {key} {getattr(i, key):g}: {why}" for key, why in p.sources.items()] + host_lines(p)
+
+
+def host_used(p: Plan) -> list[str]:
+    """The host passes that the plan's rows take: 3_offload's, 3_infinity's."""
+    return sorted({host_pass_of(r.setup, p.inputs) for r in p.rows if r.host_pass_s})
+
+
+def host_lines(p: Plan) -> list[str]:
+    h = p.host
+    return [f"  host pass {s} {h.core_s[s]:.3g} core-seconds per element, on {p.inputs.host_cores} host cores a node: "
+            f"{h.sources[s]}" for s in host_used(p)]
 
 
 def both(figures: Modes | None, spec: str) -> str:
     return f"{figures.overlapped:{spec}} / {figures.serial:{spec}}" if figures else "-"
 
 
+def host_pass_cell(p: Plan, r: Row) -> str:
+    if not r.host_pass_s:
+        return "-"
+    return f"{r.host_pass_s:.3f} {'assumed' if p.host.assumed(host_pass_of(r.setup, p.inputs)) else 'measured'}"
+
+
 def main_table(p: Plan) -> str:
     offloaded = any(r.host_per_node for r in p.rows)
+    on_host = any(r.host_pass_s for r in p.rows)
     rows = [("setup", "GPUs", "link", "states", "DS est.", "activations", "peak", *(("host/node",) * offloaded),
-             "fits", "left", "compute s", "comm s", "step s (overlap / serial)", "tok/s/GPU", "scaling")]
+             "fits", "left", "compute s", *(("host pass s",) * on_host), "comm s", "step s (overlap / serial)",
+             "tok/s/GPU", "scaling")]
     for r in p.rows:
         estimate = f"{gib(r.deepspeed_estimate):.2f}" if r.deepspeed_estimate is not None else "-"
         host = (f"{gib(r.host_per_node):.1f}",) * offloaded
         rows.append((p.label(r.setup), str(r.gpus), r.link, f"{gib(r.memory['states']):.2f}", estimate,
                      f"{gib(r.memory['activations']):.2f}", f"{gib(r.memory['peak']):.2f}", *host,
                      "yes" if r.fits else "NO", f"{gib(r.headroom_left):.1f}", f"{r.compute_s:.3f}",
-                     f"{r.comm_s:.3f}", both(r.step_s, ".3f"), both(r.tokens_per_s_per_gpu, ",.0f"),
-                     both(r.scaling, ".1%")))
+                     *((host_pass_cell(p, r),) * on_host), f"{r.comm_s:.3f}", both(r.step_s, ".3f"),
+                     both(r.tokens_per_s_per_gpu, ",.0f"), both(r.scaling, ".1%")))
     return format_table(rows)
+
+
+def host_sets_the_step(p: Plan) -> list[str]:
+    """One line: the rows whose host pass, not the passes on the GPU, is the longer part of the step."""
+    if not any(r.host_pass_s for r in p.rows):
+        return []
+    held = {}
+    for r in (r for r in p.rows if r.host_pass_s > r.compute_s):
+        held.setdefault(p.label(r.setup), []).append(str(r.gpus))
+    where = "; ".join(f"{setup} at G = {', '.join(gpus)}" for setup, gpus in held.items())
+    return [f"offload's host pass, not the GPU, sets the step (it is longer than the passes) for: {where}" if held
+            else "offload's host pass is shorter than the passes on the GPU in every row: the GPU sets the step", ""]
 
 
 def comm_table(p: Plan) -> str:
@@ -89,7 +120,10 @@ ESTIMATOR_GAPS = {
 OFFLOAD_NOTES = [
     "host/node in GiB: what the ranks of one node hold on the host: at stage 3 with the optimizer offloaded, each",
     "  process's peak resident set; otherwise what they offload (gradients, fp32 weights and moments, the CPU",
-    "  optimizer's fp32 gradients; --offload-param: the 16-bit weights besides); not the CPU optimizer's time",
+    "  optimizer's fp32 gradients; --offload-param: the 16-bit weights besides)",
+    "host pass s: offload's step on the host after the passes, which nothing hides: the gradients unscaled,",
+    "  DeepSpeed's CPU Adam and the updated weights copied back, on a rank's 1/G partition with its share of the",
+    "  node's host cores; measured by a run's probe (zero3bench/accounting/hostpass.py) or assumed, as said above",
 ]
 
 
@@ -98,9 +132,9 @@ MFU_COMPUTE = [
     "  the hardware does a third more (the recomputed forward), at HFU = 4/3 MFU x peak",
 ]
 WORLD_ONE_COMPUTE = [
-    "compute: the step at world 1 below without offload's copies: the longer of the host's clock (launches, the",
-    "  engine's own cost such as ZeRO-3's hooks) and the GPU's (FLOPs, the optimizer's pass on a 1/G partition where",
-    "  the optimizer is sharded), then CPU Adam, which a node's ranks share; FSDP2 on stage 0's clocks. The host's",
+    "compute: the step at world 1 below without offload's copies and host pass: the longer of the host's clock",
+    "  (launches, the engine's own cost such as ZeRO-3's hooks) and the GPU's (FLOPs, the optimizer's pass on a 1/G",
+    "  partition where the optimizer is sharded); FSDP2 on stage 0's clocks. The host's",
     "  clock is the calibrating machine's: for 2 H200s of another machine, the steps at micro batch 2 were planned",
     "  +21% to +55% too long, those at 16 within 12% (benchmarks/logs/plan/two-gpus-*.txt)",
 ]
@@ -122,7 +156,8 @@ def text(p: Plan) -> str:
     compute = WORLD_ONE_COMPUTE if p.world_one else MFU_COMPUTE
     notes = NOTES[:5] + compute + NOTES[5:] + gaps + headroom_note(p) + (OFFLOAD_NOTES if offloaded else [])
     return "\n".join([*header(p), "", main_table(p), "", comm_table(p), "",
-                      f"smallest G on which the peak fits: {smallest}", "", *world_one_lines(p.world_one), *notes])
+                      f"smallest G on which the peak fits: {smallest}", "", *host_sets_the_step(p),
+                      *world_one_lines(p.world_one), *notes])
 
 
 def world_one_lines(w: WorldOne | None) -> list[str]:
@@ -130,11 +165,15 @@ def world_one_lines(w: WorldOne | None) -> list[str]:
     if not w:
         return []
     steps = ", ".join(f"{setup} {s:.3f} s" for setup, s in sorted(w.step_s.items()))
-    derived = sorted(set(w.step_s) - set(w.ran))
+    derived = sorted(set(w.step_s) - set(w.ran) - set(OFFLOADS))
+    offloads = sorted(set(OFFLOADS) - set(w.ran))
     on_stage0 = [f"  {', '.join(derived)}: not run there; planned on its stage 0 and steptime.py's H200 constants"]
+    kinds = sorted({"assumed" if w.host.assumed(s) else "measured" for s in offloads})
+    on_stage3 = [f"  {', '.join(offloads)}: not run there; planned on its stage 3 and a host pass "
+                 f"{' or '.join(kinds)}"]
     return [f"step at world 1 ({w.model}, micro batch {w.micro_batch}, checkpointing "
             f"{'on' if w.checkpoint else 'off'}, {w.host_cores} host cores; from {w.source}): {steps}",
-            *(on_stage0 if derived else []), ""]
+            *(on_stage0 if derived else []), *(on_stage3 if offloads else []), ""]
 
 
 def plot(p: Plan, path: Path) -> None:

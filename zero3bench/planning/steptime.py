@@ -13,10 +13,12 @@ A step is the longer of two clocks through its passes, then what the host does a
 - the GPU's clock: the optimizer's pass, per parameter, and each row's hardware FLOPs (the recomputed forward's
   too) at the GPU's rate. An offloaded optimizer leaves the GPU no pass of its own: 3_offload's step grows 0.026 s
   from micro batch 2 to 16 (36-step-time), where stage 0's cost per step would have made it 0.14;
-- offload: the copies over the host link (timing.host_copies, and param_fetches with offload_param) and CPU Adam,
-  which no pass hides. CPU Adam is what the calibrating run's offload step leaves, on its host's cores, per setup:
-  1.19 s for 3_offload and 0.45 to 0.49 for 3_infinity, the same optimizer, with what else DeepSpeed does on the
-  host around it, which no run here separates (BENCHMARKS.md, "Offload's real cost").
+- offload: the copies over the host link (timing.host_copies, and param_fetches with offload_param) and the host
+  pass, which no pass hides: DeepSpeed's step on the CPU, its CPU Adam and what stage 3 does around it (the
+  gradients unscaled, the updated weights copied into the GPU's, or with offload_param into the host's). Every run
+  times it on its host (accounting/hostpass.py), in core-seconds per element (HostPass); where the calibrating
+  folder ran the offload setup at world 1, what its step leaves after the passes and the copies stands instead;
+  where neither, an H200 host's (ASSUMED_HOST_CORE_S), which the plan says it assumed.
 
 The calibrating run sets the clock that holds it, as the constants judge which one does: at micro batch 2 with
 checkpointing (92vQ) the host's, the launches and each engine's own cost; at 16 (37UC) the GPU's rate. The
@@ -26,11 +28,14 @@ calibrating run each of the 26 is planned within 15%: the worst of the 18 that 9
 the 15 that 37UC's holds out 8.7%.
 """
 import json
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from zero3bench.accounting import timing
 from zero3bench.accounting.predict import WIDTH
+from zero3bench.options import BadInput
+from zero3bench.parts import HostPass as Probe
 
 # The H200's rate on a row's hardware FLOPs and its optimizer's pass per parameter: the line through stage 0 of
 # 1.3b without checkpointing at micro batch 8 and 16 (benchmarks/logs/h200/38-step-time2: 9DfY 0.216 s, 8zcB
@@ -46,9 +51,19 @@ LAUNCH_S_PER_TENSOR_PASS = 1.992e-4
 # at micro batch 8 with checkpointing, 7Iky 0.243 at 2 and 9DfY 0.236 at 8 without; 0.112 s). Stages 1 and 2
 # partition nothing at world 1: none.
 OWN_S_PER_TENSOR = {1: 0.0, 2: 0.0, 3: 3.841e-4}
+# A stage's step at world 1 may fall this far below the launches that stage 0's step sets: stage 1 and 2 there are
+# stage 0 again, whose steps differ by a few percent (92vQ: stage 1 0.190 s, 2 0.180, 0 0.170)
+NOISE = 0.15
 HOST_CORES = 16  # the calibrating host's cores: one H200's machine (nvidia-h200: 16 CPU cores)
 HOST_GBS = 50.0  # its host link, not measured: PCIe 5.0 x16, about 0.8 of 64 GB/s, as plan.py's --host-gbs
-OFFLOADS = ("3_offload", "3_infinity")
+OFFLOADS = {"3_offload": frozenset({"optimizer"}), "3_infinity": frozenset({"optimizer", "param"})}
+# Offload's host pass where no run of the folder timed it, in core-seconds per element: what the offload steps of
+# 36-step-time's 92vQ left after their passes and copies, 1.194 s (3_offload) and 0.450 s (3_infinity) for
+# 1,313,722,368 elements on one H200 machine's 16 cores (benchmarks/logs/plan/step-check-18aea3b.txt)
+ASSUMED_HOST_CORE_S = {"3_offload": 1.194 * HOST_CORES / 1_313_722_368,
+                       "3_infinity": 0.450 * HOST_CORES / 1_313_722_368}
+ASSUMED_HOST = ("assumed: what 36-step-time's 92vQ's {setup} step left after its passes and copies on an H200 "
+                "machine's 16 cores (benchmarks/logs/plan/step-check-18aea3b.txt), not a measurement of yours")
 
 
 @dataclass(frozen=True)
@@ -134,7 +149,8 @@ class Terms:
     gpu_flops_per_s: float  # its stage 0's where the GPU holds it, else GPU_FLOPS_PER_S
     launch_s_per_tensor_pass: float  # its stage 0's where the host holds it, else LAUNCH_S_PER_TENSOR_PASS
     own_s_per_tensor: dict[int, float]  # by stage: its own where the host holds it, else OWN_S_PER_TENSOR's
-    host_step_s: dict[str, float]  # by offload setup, on HOST_CORES cores: CPU Adam and what DeepSpeed does around it
+    host_step_s: dict[str, float]  # by offload setup it ran: what its step left after its passes and copies
+    host: "HostPass"  # the host pass per element: host_step_s's where it ran the setup, else its runs' probe's
 
 
 def host_s(t: Terms, m: Measured, checkpoint: bool) -> float:
@@ -162,65 +178,159 @@ def passes_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool) -> float
     return clocks(t, m, micro_batch, checkpoint).passes_s()
 
 
-def step_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool, cores: int = HOST_CORES,
+def step_s(t: Terms, m: Measured, micro_batch: int, checkpoint: bool, cores: int | None = None,
            host_gbs: float = HOST_GBS) -> float:
     """The planned step at world 1 of m's setup (its shape and setup, not its step): the longer clock through the
-    passes, then offload's copies and CPU Adam on the host's cores."""
-    alone = copies_s(m, host_gbs) + t.host_step_s[m.setup] * HOST_CORES / cores if m.setup in t.host_step_s else 0
+    passes, then offload's copies and its host pass on the host's cores (by default those it was measured on)."""
+    alone = copies_s(m, host_gbs) + t.host.seconds(m.setup, m.params, cores or t.host.cores) if m.offloads else 0
     return passes_s(t, m, micro_batch, checkpoint) + alone
+
+
+# -----------------------------------------------------------------------------
+# offload's host pass, per element
+
+
+@dataclass(frozen=True)
+class HostPass:
+    """Offload's pass on the host in a step, CPU Adam and what DeepSpeed does around it, by offload setup, in
+    core-seconds per element of the partition a rank steps: n elements on c cores take core_s * n / c seconds."""
+    core_s: dict[str, float]  # by setup: "3_offload", "3_infinity"
+    sources: dict[str, str]  # by setup: where its figure comes from, "measured ..." or "assumed: ..."
+    cores: int  # the cores it was measured on, per node: a plan's default --host-cores
+    host_cores: int | None = None  # the most cores a measuring run's host had: a plan of more is refused
+
+    def seconds(self, setup: str, elements: float, cores: float) -> float:
+        return self.core_s[setup] * elements / cores
+
+    def assumed(self, setup: str) -> bool:
+        return self.sources[setup].startswith("assumed")
+
+
+def probed(p: Probe) -> dict[str, float]:
+    """One rank's probe (parts.HostPass) in core-seconds per element by setup: the gradients unscaled and CPU Adam,
+    then the weights copied into the GPU's (3_offload; a GPU's rank alone times it) or the host's (3_infinity)."""
+    if p.why_not or not (p.elements and p.threads and p.unscale_s is not None and p.adam_s is not None):
+        return {}
+    copies = {"3_offload": p.to_gpu_s, "3_infinity": p.to_host_s}
+    return {s: (p.unscale_s + p.adam_s + copy) * p.threads / p.elements for s, copy in copies.items()
+            if copy is not None}
+
+
+def host_pass(probes: list[tuple[Probe, int]], where: str = "") -> HostPass:
+    """The host pass from the probes of a folder's ranks (each with its node's ranks, which shared its cores: the
+    median of each setup's), else the assumption; its cores are those its probes' ranks ran on, per node."""
+    rates = [(probed(p), p, ranks) for p, ranks in probes if probed(p)]
+    core_s = {s: ASSUMED_HOST_CORE_S[s] for s in OFFLOADS}
+    sources = {s: ASSUMED_HOST.format(setup=s) for s in OFFLOADS}
+    for setup in OFFLOADS:
+        figures = [r[setup] for r, _, _ in rates if setup in r]
+        if figures:
+            core_s[setup] = statistics.median(figures)
+            sources[setup] = f"measured by DeepSpeedCPUAdam's probe in {where} ({said(rates[0][1], setup)})"
+    if not rates:
+        return HostPass(core_s, sources, HOST_CORES)
+    cores = statistics.median_low([min(p.threads * ranks, p.host_cores or p.threads * ranks) for _, p, ranks in rates])
+    return HostPass(core_s, sources, cores, max(p.host_cores or 0 for _, p, _ in rates) or None)
+
+
+def said(p: Probe, setup: str) -> str:
+    copy = "the GPU's" if setup == "3_offload" else "the host's pinned"
+    return (f"{p.elements:,} elements on {p.threads} threads of {p.host_cores} cores, {p.cpu}: CPU Adam "
+            f"{p.elements / p.adam_s / 1e9:.3g}G elements/s, with the gradients unscaled and the weights copied into "
+            f"{copy}")
 
 
 # -----------------------------------------------------------------------------
 # the terms from a calibrating run
 
 
-def terms(folder: Path, cal: dict[str, Measured] | None = None) -> Terms:
+def contradiction(folder: Path | str, what: str) -> BadInput:
+    return BadInput(f"--from {folder}: {what}: its figures contradict themselves")
+
+
+def gpu_rate(folder: Path | str, s0: Measured) -> float:
+    """The GPU's rate on stage 0's rows, where its clock holds stage 0's step: the step less the optimizer's pass."""
+    if s0.step_s <= optimizer_s(s0):
+        raise contradiction(folder, f"stage 0's step ({s0.step_s:.3g} s) is no longer than its optimizer's pass on "
+                                    f"the GPU alone ({optimizer_s(s0):.3g} s)")
+    return s0.micro_batch * row_flops(s0, s0.checkpoint) / (s0.step_s - optimizer_s(s0))
+
+
+def own_cost(folder: Path | str, m: Measured, launches: float) -> float:
+    """A stage's own cost per tensor where the host holds its step: the step less the launches; a stage 1 or 2 at
+    world 1 is stage 0 again, and within NOISE of its launches it has none. Further below them it contradicts
+    stage 0, whose step set them."""
+    left = m.step_s - launches
+    if left < -NOISE * m.step_s:
+        raise contradiction(folder, f"stage {m.stage}'s step ({m.step_s:.3g} s) is shorter than the launches of its "
+                                    f"passes that stage 0's step sets ({launches:.3g} s)")
+    return max(left, 0.0) / m.param_tensors
+
+
+def terms(folder: Path, cal: dict[str, Measured] | None = None, host: HostPass | None = None) -> Terms:
     """The terms from the calibrating folder's world-1 runs (cal, where they are read already): its stage 0 sets
     the GPU's rate or the launches, whichever clock the constants say holds it; stages 1-3 their own cost where
-    the folder ran them and the host holds them; each offload setup it ran its CPU Adam, what its step leaves after
-    the passes and the copies."""
+    the folder ran them and the host holds them; each offload setup it ran its host pass, what its step leaves after
+    the passes and the copies, else the folder's probes' (host, where they are read already)."""
     cal = cal or measured(folder)
     s0 = cal["0"]
     rate, launch = GPU_FLOPS_PER_S, LAUNCH_S_PER_TENSOR_PASS
     if gpu_s(s0, s0.micro_batch, s0.checkpoint, rate) >= launch_s(launch, s0, s0.checkpoint):
-        rate = s0.micro_batch * row_flops(s0, s0.checkpoint) / (s0.step_s - optimizer_s(s0))
+        rate = gpu_rate(folder, s0)
     else:
         launch = s0.step_s / (s0.param_tensors * passes(s0.checkpoint))
     own = dict(OWN_S_PER_TENSOR)
     for stage, m in ((stage, cal[str(stage)]) for stage in OWN_S_PER_TENSOR if str(stage) in cal):
         launches = launch_s(launch, m, m.checkpoint)
         if gpu_s(m, m.micro_batch, m.checkpoint, rate) < launches + own[stage] * m.param_tensors:
-            own[stage] = (m.step_s - launches) / m.param_tensors
-    t = Terms(str(folder), rate, launch, own, {})
-    return replace(t, host_step_s={s: cal[s].step_s - passes_s(t, cal[s], cal[s].micro_batch, cal[s].checkpoint)
-                                  - copies_s(cal[s], HOST_GBS) for s in OFFLOADS if s in cal})
+            own[stage] = own_cost(folder, m, launches)
+    host = host or host_pass_of(folder)
+    t = Terms(str(folder), rate, launch, own, {}, host)
+    left = {s: cal[s].step_s - passes_s(t, cal[s], cal[s].micro_batch, cal[s].checkpoint) - copies_s(cal[s], HOST_GBS)
+            for s in OFFLOADS if s in cal}
+    for s in (s for s, seconds in left.items() if seconds <= 0):
+        raise contradiction(folder, f"stage{s}'s step ({cal[s].step_s:.3g} s) leaves nothing for its host pass after "
+                                    f"its passes and its copies over the host link at {HOST_GBS:g} GB/s")
+    ran = {s: seconds * host.cores / cal[s].params for s, seconds in left.items()}
+    measured_here = {s: f"measured: what stage{s}'s step in {folder} left after its passes and copies" for s in ran}
+    return replace(t, host_step_s=left, host=replace(host, core_s={**host.core_s, **ran},
+                                                     sources={**host.sources, **measured_here}))
+
+
+def host_pass_of(folder: Path) -> HostPass:
+    """A results folder's host pass (host_pass), from its summary.json's records as they are."""
+    runs = json.loads((Path(folder) / "summary.json").read_text()).get("results", {})
+    records = [r for rs in runs.values() for r in rs if isinstance(r, dict) and r.get("host_pass")]
+    return host_pass([(Probe.from_dict(r["host_pass"]), r.get("ranks_per_node") or 1) for r in records], str(folder))
 
 
 @dataclass(frozen=True)
 class WorldOne:
     """The planned world-1 step of each setup, at the plan's micro batch and checkpointing, from one run, and its
-    parts that a plan on G GPUs builds on (cluster.py): the passes and CPU Adam."""
+    parts that a plan on G GPUs builds on (cluster.py): the passes, and offload's host pass."""
     source: str  # the calibrating results folder
     model: str
     micro_batch: int
     checkpoint: bool
     host_cores: int
-    ran: list[str]  # the setups the folder ran at world 1; the others of "0" to "3" are planned on stage 0's run
-    step_s: dict[str, float]  # by setup: "0" ... "3", and "3_offload", "3_infinity" where the folder ran them
+    ran: list[str]  # the setups the folder ran at world 1; the others are planned on its stage 0 or 3
+    step_s: dict[str, float]  # by setup: "0" ... "3", "3_offload" and "3_infinity"
     clocks: dict[str, Clocks]  # by setup: the two clocks through its passes
-    cpu_adam_s: dict[str, float]  # by offload setup: CPU Adam and what DeepSpeed does around it, on host_cores
+    host: HostPass  # offload's host pass: from the folder's offload runs where it ran them, else its probes'
 
 
 def world_one(folder: Path, cal: dict[str, Measured], model: str, micro_batch: int, checkpoint: bool,
-              cores: int, host_gbs: float) -> WorldOne | None:
+              cores: int | None, host_gbs: float, host: HostPass | None = None) -> WorldOne | None:
     """The plan's world-1 steps where the folder trained stage 0 at world 1 (cal) with the model planned: stages 1
-    to 3 on their own runs, or on stage 0's with the constants' own cost; an offload setup only where it ran (its
-    CPU Adam). Else None (a calibration of one model says nothing of another's ZeRO-3 or host cost)."""
+    to 3 on their own runs, or on stage 0's with the constants' own cost; an offload setup on its own run, else on
+    stage 3's with its host pass. Else None (a calibration of one model says nothing of another's ZeRO-3 or host
+    cost)."""
     if "0" not in cal or {m.model for m in cal.values()} != {model}:
         return None
-    t = terms(folder, cal)
+    t = terms(folder, cal, host)
     runs = {**{str(stage): replace(cal["0"], setup=str(stage), stage=stage) for stage in OWN_S_PER_TENSOR}, **cal}
+    runs = {**{s: replace(runs["3"], setup=s, offloads=kept) for s, kept in OFFLOADS.items()}, **runs}
+    cores = cores or t.host.cores
     return WorldOne(str(folder), model, micro_batch, checkpoint, cores, sorted(cal),
                     {s: step_s(t, m, micro_batch, checkpoint, cores, host_gbs) for s, m in runs.items()},
-                    {s: clocks(t, m, micro_batch, checkpoint) for s, m in runs.items()},
-                    {s: t.host_step_s[s] * HOST_CORES / cores for s in t.host_step_s})
+                    {s: clocks(t, m, micro_batch, checkpoint) for s, m in runs.items()}, t.host)
