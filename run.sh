@@ -119,13 +119,16 @@ while IFS=$'\t' read -r kind n name argv; do
       elif [ "$n" = 1 ]; then  # one rank needs no launcher, which would cost seconds of start-up
         launcher=(env MASTER_PORT="$port" python3 train_gpt.py)
       else
+        # torchrun's log folder, empty without its --redirects: its default is a new one in the temp folder per run,
+        # which it never removes
         launcher=(python3 -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" --master_port "$port"
-                  train_gpt.py)
+                  --log-dir "$out/.torchrun" train_gpt.py)
       fi
       log=$out/$name.log
       say "== $name: ${train[*]} on $n rank(s); log $log"
       to_log "COMMAND ${launcher[*]} ${train[*]}"
-      launch "${launcher[@]}" "${train[@]}" ;;
+      launch "${launcher[@]}" "${train[@]}"
+      rm -rf "$out/.torchrun" ;;
   esac
 done <<< "$plan"
 interrupted=$signal  # a signal during the report stops nothing: every run has ended, and it is the result
