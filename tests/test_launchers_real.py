@@ -157,14 +157,16 @@ def test_a_killed_rank_is_named_in_the_report(launcher, rank_1_killed_under, eng
 @pytest.fixture(scope="session")
 def second_session(engines, tmp_path_factory):
     """start.sh beside this session's engines, as another session would start its own, by a parent that then ends,
-    with HOME an empty folder; then `stop.sh` without a folder, as after a session that did not stop its engines:
-    what ran, what listened, and what was left."""
-    home = tmp_path_factory.mktemp("home")
-    other, why = real.start_engines(env={"HOME": str(home)}, via=["sh", "-c", '"$@"; exit $?', "sh"])
+    with HOME an empty folder and TMPDIR one of this session's (where no other session's `stop.sh` looks); then
+    `stop.sh` without a folder, as after a session that did not stop its engines: what ran, what listened, and
+    what was left."""
+    home, temp = tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("temp")
+    env = {"HOME": str(home), "TMPDIR": str(temp)}
+    other, why = real.start_engines(env=env, via=["sh", "-c", '"$@"; exit $?', "sh"])
     assert other, why
     running = real.holders(other.state)
     names, listened = {p.name() for p in running}, real.listening(running)
-    status, said = real.stop_engines()
+    status, said = real.stop_engines(env=env)
     alive = [p for p in running if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     return SimpleNamespace(state=other.state, names=names, listened=listened, status=status, said=said, alive=alive,
                            home=sorted(home.iterdir()))

@@ -28,10 +28,10 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2"]  # as 
 
 
 def start_engines(env=None, via=()):
-    """start.sh in a new folder of the temp folder, with the variables env, run by the command via (a parent of
-    its own) if given: the engines (their folder, the variables that reach them and Slurm's node), or None and its
-    one line on why not."""
-    state = Path(tempfile.mkdtemp(prefix="zero3-launchers-"))
+    """start.sh in a new folder of the temp folder (env's TMPDIR, if it names one), with the variables env, run by
+    the command via (a parent of its own) if given: the engines (their folder, the variables that reach them and
+    Slurm's node), or None and its one line on why not."""
+    state = Path(tempfile.mkdtemp(prefix="zero3-launchers-", dir=(env or {}).get("TMPDIR")))
     proc = subprocess.run([*via, "bash", str(START), str(state)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
     if proc.returncode != 0:
@@ -44,9 +44,11 @@ def start_engines(env=None, via=()):
     return SimpleNamespace(state=state, env=reach, node=node), None
 
 
-def stop_engines(*args):
-    """stop.sh ARGS (a folder, or none for those of sessions that have ended): its exit status and stderr."""
-    proc = subprocess.run(["bash", str(STOP), *map(str, args)], capture_output=True, text=True, timeout=120)
+def stop_engines(*args, env=None):
+    """stop.sh ARGS (a folder, or none for those of sessions that have ended), with the variables env: its exit
+    status and stderr."""
+    proc = subprocess.run(["bash", str(STOP), *map(str, args)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
     return proc.returncode, proc.stderr
 
 
@@ -91,7 +93,8 @@ def torchrun_agents(port, *train):
 COMMANDS = {
     "srun": lambda folder, port, *train: [["salloc", "--ntasks", "2", "srun", "--ntasks", "2", "python3", "train_gpt.py",
                                            *train]],
-    "mpirun": lambda folder, port, *train: [[*MPIRUN, "python3", "train_gpt.py", *train]],
+    # a port of its own: under mpirun, train_gpt.py's is 29500 unless given, which another session's may hold
+    "mpirun": lambda folder, port, *train: [[*MPIRUN, "-x", f"MASTER_PORT={port}", "python3", "train_gpt.py", *train]],
     "deepspeed": lambda folder, port, *train: [["deepspeed", "--hostfile", str(hostfile(folder)), "--master_port",
                                                 port, "train_gpt.py", *train]],
     "torchrun": lambda folder, port, *train: torchrun_agents(port, *train),

@@ -21,8 +21,7 @@ export PATH=$PATH:/usr/sbin:/sbin  # the daemons' folder, which a user's PATH ma
 why=$(bash "$HERE/install.sh" 2>&1) || cannot "${why#launchers: cannot install: }"
 STATE=${1:-$(mktemp -d "${TMPDIR:-/tmp}/zero3-launchers-XXXXXX")}
 STATE=$(cd "$STATE" && pwd) || cannot "no folder $1"
-# munged requires that every user can reach its socket's folder; the keys inside are the owner's alone
-chmod 755 "$STATE" && mkdir -m 755 "$STATE/munge" "$STATE/slurm" && mkdir -m 700 "$STATE/ssh" "$STATE/bin" ||
+mkdir "$STATE/munge" "$STATE/slurm" && mkdir -m 700 "$STATE/ssh" "$STATE/bin" ||
   cannot "cannot make its folders in $STATE (not empty?)"
 # whose session this is (its process and that one's start time): stop.sh without a folder stops the engines of a
 # session that has ended, and stops no folder without it
@@ -34,10 +33,12 @@ for s in held:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in held))') || cannot "python3 found no free port"
 
-# munge: Slurm's authentication between its commands and its daemons, with a key of its own
+# munge: Slurm's authentication between its commands and its daemons, with a key of its own; forced, as a temp
+# folder that only its owner may enter (pytest's) would fail munged's check that every user can reach its
+# socket: root's daemons and commands alone use it
 mungekey --create --keyfile="$STATE/munge/munge.key" > /dev/null 2>&1 || cannot "mungekey could not make a key"
-munged --socket="$STATE/munge/socket" --key-file="$STATE/munge/munge.key" --pid-file="$STATE/munge/munged.pid" \
-  --log-file="$STATE/munge/munged.log" --seed-file="$STATE/munge/seed" ||
+munged --force --socket="$STATE/munge/socket" --key-file="$STATE/munge/munge.key" \
+  --pid-file="$STATE/munge/munged.pid" --log-file="$STATE/munge/munged.log" --seed-file="$STATE/munge/seed" ||
   cannot "munged did not start (see $STATE/munge/munged.log)"
 munge -S "$STATE/munge/socket" -n | unmunge -S "$STATE/munge/socket" > /dev/null 2>&1 || cannot "munged does not answer"
 
@@ -54,9 +55,13 @@ else
   as_node() { "$@"; }
 fi
 export SLURM_CONF=$STATE/slurm/slurm.conf
+# train_gpt.py derives a job's master port from its id, so that every task agrees on it unasked: each session's
+# job ids start apart, lest two sessions' jobs meet on one port
+first_job=$(( (RANDOM << 15 | RANDOM) % 60000000 + 1 ))
 mkdir "$STATE/slurm/ctld" "$STATE/slurm/d"
 cat > "$SLURM_CONF" << EOF
 ClusterName=zero3
+FirstJobId=$first_job
 SlurmctldHost=$node(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
@@ -135,4 +140,5 @@ done
 pdsh -S -w "$(IFS=,; echo "${NODES[*]}")" true 2> /dev/null || cannot "pdsh over ssh fails"
 echo "launchers: up in $STATE: slurm (node $node, 2 CPUs; slurmctld on 127.0.0.1:$CTLD_PORT, slurmd on" \
   "127.0.0.1:$SLURMD_PORT), munge, sshd (127.0.0.1 and 127.0.0.2:$SSHD_PORT: ${NODES[*]}), pdsh," \
-  "$(mpirun --version | head -1); use them: source $STATE/env; stop them: bash $HERE/stop.sh $STATE"
+  "$(mpirun --version | head -1)"
+echo "launchers: use them: source $STATE/env; stop them: bash $HERE/stop.sh $STATE"
