@@ -4,8 +4,12 @@
 # orphans a test left; not zombies, which have ended and which only PID 1 can clear); the installed packages,
 # Debian's and pip's; ~/.ssh, each file with its size and time; the names under /etc, /var/lib and /dev/shm; and
 # the folders of tests/launchers/start.sh left in the temp folder. Usage: `machine_state.sh > BEFORE`, then
-# `machine_state.sh BEFORE`: exit status 0 where nothing differs; else 1, with the difference (diff -u) on stdout.
+# `machine_state.sh BEFORE`: exit status 0 where nothing differs; else 1, with the difference (diff -u) on stdout;
+# 2 where a tool it records with is missing.
 set -uo pipefail
+for tool in ss ps find diff; do  # without one, a section would be empty both times, and pass on any change
+  command -v "$tool" > /dev/null || { echo "machine state: cannot record: no $tool" >&2; exit 2; }
+done
 
 record() {
   echo "## listening sockets: protocol, address, process"

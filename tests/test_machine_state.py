@@ -1,8 +1,10 @@
 """tests/machine_state.sh, the check that .ci/run runs around the README's test command, fails where a test left
-the machine changed, and names the change: a daemon left listening, a file written in ~/.ssh. Its two records are
-of the whole machine, where the suite's other launches listen and end meanwhile: each test asks for its planted
-change among the differences, not for it alone."""
+the machine changed, and names the change: a daemon left listening, a file written in ~/.ssh; where it lacks a
+tool to record with, it refuses rather than passes. Its two records are of the whole machine, where the suite's
+other launches listen and end meanwhile: each test asks for its planted change among the differences, not for it
+alone."""
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -74,3 +76,13 @@ def test_a_file_written_in_ssh_fails_the_check_named_with_its_path(home, tmp_pat
     assert proc.returncode == 1, proc.stdout
     assert any(line.startswith(f"+{home}/.ssh/authorized_keys ") for line in proc.stdout.splitlines()), proc.stdout
     assert proc.stdout.splitlines()[-1] == "machine state: changed (the lines above: - before, + after)"
+
+
+def test_without_a_tool_it_records_with_the_check_refuses_rather_than_passes(tmp_path):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("ps", "find", "diff"):  # ss is missing, as in a container without iproute2
+        (tools / tool).symlink_to(shutil.which(tool))
+    proc = subprocess.run(["/bin/bash", str(CHECK)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": str(tools)})
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "machine state: cannot record: no ss\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Starts, on this one machine and for one test session, the engines behind the launchers that the README names,
-# so that tests/test_launchers.py launches through them for real: munge, a one-node Slurm (slurmctld, and a
+# so that tests/test_launchers_real.py launches through them for real: munge, a one-node Slurm (slurmctld, and a
 # slurmd of two CPUs), sshd for the node names localhost and 127.0.0.2 (for pdsh and the deepspeed launcher),
 # and Open MPI's mpirun. Contained: each daemon listens on a free port of 127.0.0.1 (sshd of 127.0.0.2 too) and
 # no other address, and keeps its config, keys, logs and state in the folder FOLDER (else a new one in the temp
