@@ -113,8 +113,7 @@ def marked(folder):
 
 
 def end_leftovers(marker):
-    for leftover in conftest.run_processes(marker, "ZERO3_TEST_LAUNCH"):
-        leftover.kill()
+    conftest.end_processes(conftest.run_processes(marker, "ZERO3_TEST_LAUNCH"))
 
 
 def launch(folder, cmds, log, engines, until=None, act=None, extra=None):
