@@ -84,11 +84,15 @@ on_signal() { signal=$1; { run_processes; echo "$pid"; } | xargs -r kill -TERM 2
 trap 'on_signal 2' INT
 trap 'on_signal 15' TERM
 # run.sh killed outright (SIGKILL to its group) passes nothing on: a watchdog in a session of its own ends what
-# its runs left within 10 s, as a signal would; after a clean end it finds nothing. It is no child of run.sh's,
-# which waits for its children, and it takes a run.sh that its parent has not yet reaped (a zombie) as ended
+# its runs left within 10 s, as a signal would, and removes their ranks' /dev/shm buffers, which a rank killed
+# before it unlinks them leaves; after a clean end it finds nothing. It is no child of run.sh's, which waits for
+# its children, and it takes a run.sh that its parent has not yet reaped (a zombie) as ended
 export -f run_processes
 ( setsid bash -c 'out=$1; while grep -qs "^State:.[^Z]" "/proc/$0/status"; do sleep 0.5; done; left=$(run_processes)
-  [ -z "$left" ] || { kill -TERM $left; sleep 5; run_processes | xargs -r kill -KILL; }' "$$" "$out" &
+  [ -z "$left" ] || { ports=$(for p in $left; do tr "\0" "\n" < "/proc/$p/environ"; done | sed -n "s/^MASTER_PORT=//p")
+    kill -TERM $left; sleep 5; run_processes | xargs -r kill -KILL
+    for port in $(sort -u <<< "$ports"); do rm -f /dev/shm/deepspeed_allreduce_buffer_"$(id -u)"_*_"$port"_*; done; }
+  ' "$$" "$out" &
 ) > /dev/null 2>&1 < /dev/null
 launch() {  # one run, its output in its log and its progress on the terminal; a signal ends it within 10 s
   to_log "LAUNCHED $(date +%s.%N)"
@@ -119,14 +123,17 @@ while IFS=$'\t' read -r kind n name argv; do
       elif [ "$n" = 1 ]; then  # one rank needs no launcher, which would cost seconds of start-up
         launcher=(env MASTER_PORT="$port" python3 train_gpt.py)
       else
+        # torchrun's log folder, empty without its --redirects: its default is a new one in the temp folder per run,
+        # which it never removes
         launcher=(python3 -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" --master_port "$port"
-                  train_gpt.py)
+                  --log-dir "$out/.torchrun" train_gpt.py)
       fi
       log=$out/$name.log
       say "== $name: ${train[*]} on $n rank(s); log $log"
       to_log "COMMAND ${launcher[*]} ${train[*]}"
       [ -z "${RUN_SIZED_FOR:-}" ] || to_log "SIZED $RUN_SIZED_FOR"  # the memory a rehearsal was sized for
-      launch "${launcher[@]}" "${train[@]}" ;;
+      launch "${launcher[@]}" "${train[@]}"
+      rm -rf "$out/.torchrun" ;;
   esac
 done <<< "$plan"
 interrupted=$signal  # a signal during the report stops nothing: every run has ended, and it is the result

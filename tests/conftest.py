@@ -130,8 +130,7 @@ def pytest_runtest_setup(item):
 
 def pytest_sessionfinish(session):
     """An interrupted suite leaves no launch behind."""
-    for leftover in run_processes(LAUNCH_MARKERS, "ZERO3_TEST_LAUNCH"):
-        leftover.kill()
+    end_processes(run_processes(LAUNCH_MARKERS, "ZERO3_TEST_LAUNCH"))
     shutil.rmtree(LAUNCH_MARKERS, ignore_errors=True)
 
 
@@ -155,8 +154,7 @@ def run(cmd, env=None, log=None, gpus=False):
                               env={**({**AS_LAUNCHED, **ONE_GPU} if gpus else os.environ), "ZERO3_TEST_LAUNCH": marker,
                                    **(env or {})})
     finally:
-        for leftover in run_processes(marker, "ZERO3_TEST_LAUNCH"):
-            leftover.kill()
+        end_processes(run_processes(marker, "ZERO3_TEST_LAUNCH"))
     if log:
         log.write_text(proc.stdout + proc.stderr)
     return proc
@@ -450,6 +448,16 @@ def run_processes(results, variable="ZERO3_BENCH_RUN"):
     return alive
 
 
+def end_processes(procs):
+    """SIGKILL to each of procs (psutil's), passing over one that ended since it was found: under load, a launch's
+    last processes may end between the two."""
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def default_signals():
     """As at a terminal: a test run in the background inherits SIGINT ignored, which run.sh could then not trap."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -484,11 +492,14 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
         seconds = time.monotonic() - acted
         alive = run_processes(results)
     finally:
-        for leftover in [proc, *run_processes(results)]:
-            leftover.kill()
+        proc.kill()
+        end_processes(run_processes(results))
     [folder] = [p for p in results.iterdir() if p.is_dir()]
+    left = shared_memory_of(folder)
+    for buffer in left:  # counted, then gone, so that a run that left them does not leave them on the machine
+        buffer.unlink(missing_ok=True)
     return SimpleNamespace(status=status, seconds=seconds, out=out.read_text(), folder=folder, alive=alive,
-                           buffers_during=during, buffers=shared_memory_of(folder))
+                           buffers_during=during, buffers=left)
 
 
 def shared_memory_of(folder):
@@ -596,14 +607,29 @@ def pipe_and_caller(tmp_path_factory):
 
 
 def killed_group(seconds):
-    """SIGKILL to run.sh's process group, then the seconds until none of the run's processes is left (at most 30)."""
+    """SIGKILL to run.sh's process group, then the seconds until none of the run's processes is left (at most 30),
+    and the wait for run.sh's watchdog (its command line names the run's folder) to end, its clean-up done."""
     def act(proc, results):
         os.killpg(proc.pid, signal.SIGKILL)
         killed = time.monotonic()
         while run_processes(results) and time.monotonic() < killed + 30:
             time.sleep(0.1)
         seconds.append(time.monotonic() - killed)
+        while naming(results) and time.monotonic() < killed + 30:
+            time.sleep(0.1)
     return act
+
+
+def naming(folder):
+    """The processes whose command line names folder."""
+    named = []
+    for proc in psutil.process_iter():
+        try:
+            if str(folder) in " ".join(proc.cmdline()):
+                named.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return named
 
 
 @shared

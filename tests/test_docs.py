@@ -180,7 +180,7 @@ def test_the_multi_node_block_writes_one_log_per_stage_per_launcher_and_reports_
 
 @pytest.mark.parametrize("launcher", ["srun", "mpirun", "torchrun"])
 def test_each_launcher_of_the_block_wrote_a_log_that_report_py_reads(launcher):
-    """tests/test_launchers.py's run of each launcher, committed: a log of its ranks' output, as the README's
+    """tests/test_launchers_real.py's run of each launcher, committed: a log of its ranks' output, as the README's
     line writes it, holds a RESULT of each rank under that launcher, and report.py reads both ranks."""
     assert any(line.startswith(launcher + " ") for line in multi_node_lines())
     folder = ROOT / "benchmarks" / "logs" / "cpu" / "launchers" / f"stage3-{launcher}"

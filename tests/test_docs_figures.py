@@ -94,7 +94,6 @@ FIGURES = [
            lambda verdict, torch, ds: (torch, ds, verdict)),
     Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/43-suite/tests.txt",
            r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*^(\d+) passed"),
-    Figure("(Slurm, Open MPI {}, pdsh, sshd", LOGS + "cpu/launchers/start.txt", r"mpirun \(Open MPI\) ([\d.]+)$"),
     # what the code works out: (b)'s expectation, from today's report.py on the two runs
     Figure('prints "expected {} less or better: theory predicts {} less" for the default on one H200', f"report.py {H200_DEFAULT}",
            r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less", command=True),
@@ -757,6 +756,8 @@ DOCS = [
            read=lambda: (f"{float(cell(LOGS + 'h200/5-stages-offload-cap/cap20-2ranks', 'peak memory', 'stage3')):.1f}",)),
     Figure("stage 3 peaks at {} GiB per rank", LOGS + "h200/5-stages-offload-cap/2.7b-4ranks", "", page=RUNNING,
            read=lambda: (f"{float(cell(LOGS + 'h200/5-stages-offload-cap/2.7b-4ranks', 'peak memory', 'stage3')):.1f}",)),
+    Figure("launchers/start.txt): Open MPI {});", LOGS + "cpu/launchers/start.txt", r"mpirun \(Open MPI\) ([\d.]+)$",
+           page=RUNNING),
     Figure("start.sh from nothing, installing its packages, took {} s, and the launches with it {} s in all",
            LOGS + "cpu/launchers/pytest.txt", "", page=RUNNING, read=lambda: (
                str(round(float(re.search(r"^start.sh: ([\d.]+) s", (ROOT / LOGS / "cpu/launchers/start.txt").read_text(),

@@ -88,6 +88,12 @@ def test_a_killed_process_group_leaves_no_rank_or_launcher_after_10_s(group_kill
     assert group_killed.seconds < 10 and run_processes(group_killed.folder.parent) == []
 
 
+def test_a_killed_process_group_leaves_no_shared_memory(group_killed):
+    # its ranks' buffers, which a rank killed before it unlinks them leaves, go with run.sh's watchdog
+    assert len(group_killed.buffers_during) == 2, group_killed.buffers_during  # the glob finds them as it runs
+    assert group_killed.buffers == []
+
+
 def test_a_results_location_may_begin_with_a_dash(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "run.sh")], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "RESULTS": "-out", "HOSTFILE": str(tmp_path / "none")})

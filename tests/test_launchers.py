@@ -1,14 +1,13 @@
-"""Cluster launchers, run for real on this one machine (tests/launchers/start.sh starts their engines): Slurm's
-srun, salloc and sbatch, Open MPI's mpirun, the deepspeed launcher over pdsh and ssh to two node names, and
-torchrun with two rendezvous agents. srun and mpirun set their own variables, not torch.distributed's, and
-train_gpt.py must read them, or every process would train alone as rank 0 of 1. A rank killed under each is
-named in the report; a rank that hangs must end the run, with the hung rank named, within a stated time.
+"""The cluster launchers as train_gpt.py and report.py read them, without a launch: srun and mpirun set their own
+variables, not torch.distributed's, and train_gpt.py must read them, or every process would train alone as rank 0
+of 1; a rank killed under each is named in the report, in the launcher's own words; and a rank that hangs must end
+the run, with the hung rank named, within a stated time (one launch, under the deepspeed launcher on this machine).
+tests/test_launchers_real.py runs each launcher for real, where ZERO3BENCH_LAUNCHERS=1 asks for it.
 
 A new launcher brings: its record in zero3bench/launchers.py's LAUNCHERS, with the functions that it names; its
 command line in tests/launchers/real.py's COMMANDS, and its engine in tests/launchers/start.sh; and its SAMPLE
 below (the variables it sets and its words for a rank it lost). The tests of "a new launcher" fail until each is
 there, and nothing else names a launcher."""
-import functools
 import os
 import pwd
 import re
@@ -19,131 +18,13 @@ import sys
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 from zero3bench import launchers, machine, options, parts, result
-import train_gpt
 from conftest import HUNG_TIMEOUT_S, ROOT, record
 from launchers import real
 from zero3bench.reporting import deaths, reading
 
 LAUNCHERS = tuple(launcher.name for launcher in launchers.LAUNCHERS)
-# on one pytest-xdist worker: the engines are started once, and the launches through them shared lazily
-pytestmark = pytest.mark.xdist_group("launchers")
-
-
-def tiny_tensors():
-    with torch.device("meta"):
-        return len(list(train_gpt.GPT(train_gpt.PRESETS["tiny"]).parameters()))
-
-
-@pytest.fixture(scope="session")
-def engines():
-    """tests/launchers/start.sh: every engine up on this machine, or every real launch skipped, with why; failed
-    instead under ZERO3BENCH_REQUIRE_LAUNCHERS=1, which .ci/run sets where the engines should start."""
-    why = real.start_engines()
-    if why and os.environ.get("ZERO3BENCH_REQUIRE_LAUNCHERS") == "1":
-        pytest.fail(f"ZERO3BENCH_REQUIRE_LAUNCHERS=1, and {why}", pytrace=False)
-    if why:
-        pytest.skip(why)
-
-
-@pytest.fixture(scope="session")
-def stage3_under(engines, tmp_path_factory):
-    """launcher -> its stage-3 launch on 2 ranks, launched when a test first asks for it."""
-    return functools.cache(lambda launcher: real.stage3(tmp_path_factory.mktemp(f"stage3-{launcher}"), launcher))
-
-
-@pytest.fixture(scope="session")
-def rank_1_killed_under(engines, tmp_path_factory):
-    """launcher -> its stage-3 launch on 2 ranks whose rank 1 was killed after step 1, with the report."""
-    return functools.cache(lambda launcher: real.killed(tmp_path_factory.mktemp(f"killed-{launcher}"), launcher))
-
-
-@pytest.fixture(scope="session")
-def sbatch_both_stages(engines, tmp_path_factory):
-    return real.sbatch(tmp_path_factory.mktemp("sbatch"))
-
-
-@pytest.fixture(scope="session")
-def run_sh_over_two_nodes(engines, tmp_path_factory):
-    return real.run_sh_over_hostfile(tmp_path_factory.mktemp("hostfile"))
-
-
-@pytest.fixture(params=LAUNCHERS)
-def launched(request, stage3_under):
-    if request.param == "deepspeed":  # run.sh over the hostfile's two nodes launches its stage 3
-        return real.stage3_of(request.getfixturevalue("run_sh_over_two_nodes"))
-    return stage3_under(request.param)
-
-
-# -----------------------------------------------------------------------------
-# 2 ranks of stage 3 under each launcher, for real
-
-
-def test_both_ranks_finish_and_rank_0_reports_both(launched):
-    tail = launched.log.read_text(errors="replace")[-3000:]
-    assert set(launched.statuses) == {0}, tail
-    assert [r["rank"] for r in launched.records] == [0, 1], tail
-    assert all(r["error"] is None for r in launched.records), tail
-
-
-def test_both_ranks_join_one_world_of_2(launched):
-    assert [r["world_size"] for r in launched.records] == [2, 2]
-    # the deepspeed launcher and torchrun run one rank on each of their two nodes
-    per_node = 1 if launched.launcher in ("deepspeed", "torchrun") else 2
-    assert [r["ranks_per_node"] for r in launched.records] == [per_node, per_node]
-
-
-def test_the_record_names_the_launcher(launched):
-    assert [r["launcher"] for r in launched.records] == [launched.launcher] * 2
-
-
-def test_the_record_names_the_node_of_each_rank(launched):
-    hosts = [r["env"]["host"] for r in launched.records]
-    nodes = list(real.NODES) if launched.launcher == "deepspeed" else hosts  # the hostfile's names
-    assert [r["node"] for r in launched.records] == nodes
-
-
-def test_stage3_partitions_every_tensor_under_each_launcher(launched):
-    for r in launched.records:
-        assert r["stage"] == 3
-        assert r["partitioned_tensors"] == r["param_tensors"] == tiny_tensors()
-        assert r["shard_check_ok"]
-
-
-def test_model_states_are_counted_after_the_last_step(launched):
-    for r in launched.records:
-        assert r["partition_check_ok"]
-        held = parts.Census.from_dict(r["model_state_breakdown"])
-        assert held.master > 0 and held.moments > 0
-        assert r["model_state_bytes"] == pytest.approx(r["predicted_model_state_bytes"], rel=0.05)
-
-
-def test_sbatch_runs_both_stages_and_the_report_passes(sbatch_both_stages):
-    assert sbatch_both_stages.statuses == [0], sbatch_both_stages.output[-3000:]
-    assert real.verdict(sbatch_both_stages.output) == "PASS", sbatch_both_stages.output[-3000:]
-    assert {name: [r["launcher"] for r in rs] for name, rs in sbatch_both_stages.runs.items()} == {
-        "stage0": ["srun", "srun"], "stage3": ["srun", "srun"]}
-
-
-def test_run_sh_over_a_hostfile_of_two_nodes_passes_through_pdsh_and_ssh(run_sh_over_two_nodes):
-    run = run_sh_over_two_nodes
-    assert run.statuses == [0], run.output[-3000:]
-    assert real.verdict(run.output) == "PASS", run.output[-3000:]
-    assert "pdsh -S" in (run.folder / "stage3.log").read_text()  # the deepspeed launcher's multi-node path
-    for name in ("stage0", "stage3"):
-        assert [(r["launcher"], r["node"]) for r in run.runs[name]] == [("deepspeed", n) for n in real.NODES]
-
-
-@pytest.mark.parametrize("launcher", LAUNCHERS)
-def test_a_killed_rank_is_named_in_the_report(launcher, rank_1_killed_under):
-    run = rank_1_killed_under(launcher)
-    tail = run.log.read_text(errors="replace")[-3000:] + run.report[-2000:]
-    assert all(s not in (0, None) for s in run.statuses), tail
-    node = "127.0.0.2" if launcher == "deepspeed" else socket.gethostname()
-    assert f"stage3: rank 1 on {node} ended first, killed by SIGKILL" in run.report, tail
-    assert run.report_status == 1 and "VERDICT: FAIL" in run.report, tail
 
 
 # -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 
 import report
 from zero3bench.accounting.shapes import PRESETS
+from zero3bench.reporting import reading
 from zero3bench.reporting.theory import PEAK_SLACK
 from zero3bench.reporting.verdict import CRITERIA, LOSS_RTOL
 from conftest import planted, shared_memory_of
@@ -36,6 +37,13 @@ def test_a_run_leaves_no_shared_memory_behind(run_sh):
     # run.sh's torchrun on CPUs DeepSpeed maps none (it needs LOCAL_SIZE, which the deepspeed launcher sets): this
     # holds run.sh to leaving none where another launcher, or a user's LOCAL_SIZE, makes them
     assert shared_memory_of(run_sh.folder) == []
+
+
+def test_torchruns_log_folder_is_the_runs_own_and_gone_after_it(run_sh):
+    # without --log-dir, torchrun makes a folder of empty folders in the temp folder for each run, and leaves it
+    for name in ("stage0", "stage3"):
+        assert f"--log-dir {run_sh.folder}/.torchrun " in reading.read_command(run_sh.folder / f"{name}.log")
+    assert not (run_sh.folder / ".torchrun").exists()
 
 
 def test_each_rank_prints_the_original_design_lines(stage3, run_sh):

@@ -1,6 +1,6 @@
 """
 The ranks that ended with a failure, as their launcher tells it in the log, in the order it tells them: each
-launcher says it in its own words, which its record in zero3bench/launchers.py reads (tests/test_launchers.py
+launcher says it in its own words, which its record in zero3bench/launchers.py reads (tests/test_launchers_real.py
 kills a rank under each). A death is (rank, node, code), the code negative for a signal as in Python's
 subprocess; the rank is a list where the launcher names several, or only the node. The order is the launcher's:
 srun told of rank 0's exit 1, which the loss of its peer caused, before the SIGKILL of that peer.

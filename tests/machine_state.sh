@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# What of this machine the README's test command must leave as it found it, for .ci/run to compare before and
+# after: the listening sockets and their processes; the processes of no test (PID 1's children: daemons, and
+# orphans a test left; not zombies, which have ended and which only PID 1 can clear); the installed packages,
+# Debian's and pip's; ~/.ssh, each file with its size and time; the names under /etc, /var/lib and /dev/shm; and
+# the folders of tests/launchers/start.sh left in the temp folder. Usage: `machine_state.sh > BEFORE`, then
+# `machine_state.sh BEFORE`: exit status 0 where nothing differs; else 1, with the difference (diff -u) on stdout;
+# 2 where a tool it records with is missing.
+set -uo pipefail
+for tool in ss ps find diff; do  # without one, a section would be empty both times, and pass on any change
+  command -v "$tool" > /dev/null || { echo "machine state: cannot record: no $tool" >&2; exit 2; }
+done
+
+record() {
+  echo "## listening sockets: protocol, address, process"
+  ss -Hltunp 2> /dev/null | awk '{ sub(/^users:\(\("/, "", $7); sub(/".*/, "", $7); print $1, $5, $7 }' | sort -u
+  echo "## processes of no test: pid, user, command"
+  ps -eo ppid=,stat=,pid=,user=,comm= | awk '$1 == 1 && $2 !~ /^Z/ { print $3, $4, $5 }' | sort -n
+  echo "## Debian packages"
+  dpkg-query -W -f '${Package} ${Version}\n' 2> /dev/null | sort
+  echo "## pip packages"
+  python3 -m pip freeze --all 2> /dev/null | sort
+  echo "## ~/.ssh: path, bytes, time, mode"
+  find ~/.ssh -printf '%p %s %T@ %m\n' 2> /dev/null | sort
+  echo "## /etc, /var/lib, /dev/shm"
+  find /etc /var/lib /dev/shm -xdev 2> /dev/null | sort
+  echo "## the launchers' engines' folders"
+  find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'zero3-launchers-*' 2> /dev/null | sort
+}
+
+[ $# -eq 0 ] && { record; exit; }
+if record | diff -u --label before --label after "$1" -; then
+  echo "machine state: unchanged"
+else
+  echo "machine state: changed (the lines above: - before, + after)"
+  exit 1
+fi
