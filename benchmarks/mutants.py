@@ -50,8 +50,9 @@ SLOWER = 3  # a loaded machine runs the same tests up to about twice as slowly
 # (test_bad_input.py's --check cases and test_sharding.py also read the prediction, but cost 4 s a mutant more)
 EDGES = ["tests/test_edges.py"]  # the pure modules' edges, each test written against a survivor: fast, first
 ACCOUNTING = EDGES + ["tests/test_golden.py", "tests/test_accounting.py", "tests/test_stages.py"]
-VERDICT = EDGES + ["tests/test_golden.py", "tests/test_verdict.py", "tests/test_faults.py", "tests/test_summary.py",
-                   "tests/test_verdict_off_default.py", "tests/test_training.py"]
+VERDICT = EDGES + ["tests/test_verdict_clauses.py", "tests/test_golden.py", "tests/test_verdict.py",
+                   "tests/test_faults.py", "tests/test_summary.py", "tests/test_verdict_off_default.py",
+                   "tests/test_training.py"]
 PLAN = EDGES + ["tests/test_plan.py", "tests/test_plan_inputs.py"]
 TARGETS = {
     "zero3bench.accounting.predict": ACCOUNTING + ["tests/test_plan.py"],
