@@ -8,7 +8,7 @@ arguments that the callee hints apart; `parameter`: x.attr read as y.attr, x and
 default; `bound`: a range()'s argument or a slice's end off by one).
 
     python3 benchmarks/mutants.py [--budget-s 900] [--only predict] [--kinds operand,sides] [--survivors-of LOG]
-                                  [--log FILE]
+                                  [--rest-of LOG] [--log FILE]
 
 mutmut and cosmic-ray rewrite the files and start the tests anew for each mutant; here the tests are imported
 once and each mutant runs in a fork of this process, whose function takes the mutated code (its __code__ and
@@ -492,11 +492,18 @@ def named_in(log):
             for m in map(LINE.match, Path(log).read_text().splitlines()) if m}
 
 
+def reached_in(log):
+    """{module: (mutants run, mutants made)} as a log's lines "## MODULE: N of M run" say."""
+    found = (re.match(r"^## (\S+): (\d+) of (\d+) run", line) for line in Path(log).read_text().splitlines())
+    return {m[1]: (int(m[2]), int(m[3])) for m in found if m}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=900, help="the mutants' seconds, after the unmutated run")
     ap.add_argument("--only", default="", help="the targets whose name holds this")
     ap.add_argument("--survivors-of", default="", help="a log: run only the mutants it names as not killed")
+    ap.add_argument("--rest-of", default="", help="a log whose time ran out: run only the mutants it did not reach")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"the kinds of mutation, of {','.join(KINDS)}")
     ap.add_argument("--log", default="")
     args = ap.parse_args()
@@ -504,6 +511,7 @@ def main():
     if set(kinds) - set(KINDS):
         ap.error(f"--kinds: not a kind: {','.join(sorted(set(kinds) - set(KINDS)))}")
     again = named_in(args.survivors_of) if args.survivors_of else None
+    reached = reached_in(args.rest_of) if args.rest_of else {}
     os.chdir(ROOT)
     sys.path[:0] = [str(ROOT), str(TESTS)]
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -530,6 +538,10 @@ def main():
         module = sys.modules[module_name]
         ms = mutants(Path(module.__file__).read_text(), module, kinds)
         ms = ms if again is None else [m for m in ms if (module_name, *m[:4]) in again]
+        if module_name in reached:
+            ran, made = reached[module_name]
+            assert made == len(ms), f"{module_name} has {len(ms)} mutants, {args.rest_of} {made}: it has changed since"
+            ms = in_turns(ms)[ran:]
         if ms:
             plans[module_name] = (tfiles, ms)
     left = sum(len(ms) for _, ms in plans.values())
@@ -538,7 +550,7 @@ def main():
     for module_name, (tfiles, ms) in plans.items():
         deadline = time.monotonic() + (args.budget_s - (time.monotonic() - started)) * len(ms) / left
         left -= len(ms)
-        ran = 0
+        ran, mine_counted = 0, {}
         say(f"## {module_name}: {len(ms)} mutants; tests {' '.join(tfiles)}")
         mine = [t for t in timing.durations if t not in slow and t.split("::")[0] in tfiles]
         fastest = sorted(mine, key=lambda t: (tfiles.index(t.split("::")[0]), timing.durations[t]))
@@ -556,12 +568,14 @@ def main():
                 outcome = in_a_fork(module_name, qualname, source, fastest, selection,
                                     sum(timing.durations[t] for t in fastest))
             counts[outcome] = counts.get(outcome, 0) + 1
+            mine_counted[outcome] = mine_counted.get(outcome, 0) + 1
             ran += 1
             if outcome not in ("killed", "invalid"):
                 say(f"{outcome.upper()}  {module_name}:{qualname}  {what}" + (f" (#{same + 1})" if same else "") +
                     f"  in: {text}")
         say(f"## {module_name}: {ran} of {len(ms)} run" + ("" if ran == len(ms) else
-                                                            ", in turns over its functions, as the time ran out"))
+                                                            ", in turns over its functions, as the time ran out")
+            + " (" + ", ".join(f"{n} {k}" for k, n in sorted(mine_counted.items())) + ")")
     say(f"# {sum(counts.values())} mutants run in {time.monotonic() - started:.0f} s: " +
         ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
 
