@@ -302,7 +302,10 @@ def mutants(source, module=None, kinds=KINDS):
     callees whose defaults an argument may be dropped to. A mutant that another one already makes is made once."""
     tree = ast.parse(source)
     lines = source.splitlines()
-    skip = docstrings(tree) | {id(m) for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) for m in ast.walk(n.annotation)}
+    hinted = [m for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) for m in ast.walk(n.annotation)]
+    # a hint's words, and a subscript's tuple: a type's arguments (list[tuple[str, int]]), not operands
+    skip = docstrings(tree) | {id(m) for m in hinted} | {id(n.slice) for n in ast.walk(tree)
+                                                         if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Tuple)}
     found, made = [], {source}
     for qualname, fn in functions(tree):
         scope = Scope(fn, module)
