@@ -31,6 +31,7 @@ LOGS = "benchmarks/logs/"
 H200_DEFAULT = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125033-TaPl"
 H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
 CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-046398c.txt"
+STEP_LINE = LOGS + "cpu/ci/readme-fresh-clone-046398c.txt"  # docs/running.md's step line, which names its commit
 HF_LLAMA = LOGS + "h200/39-hf/1-llama/results/20261204-040054-mcYy"
 EVERY_PEAK = LOGS + "cpu/predict/every-peak-9bb249c.txt"
 
@@ -92,7 +93,8 @@ FIGURES = [
            LOGS + "cpu/ci/oldest-leg-cf5351a.txt", r"^oldest pair: torch ([\d.]+)\+\w+ deepspeed ([\d.]+)$[\s\S]*stages "
            r"\"0 1 2 3\"[\s\S]*^VERDICT: PASS[\s\S]*^\$ python3 -m pytest -q (tests/\w+\.py) (tests/\w+\.py)$\n[\s\S]*"
            r"^(\d+) passed", lambda torch, ds, a, b, passed: (torch, ds, passed, a, b)),
-    Figure("torch {}, DeepSpeed {}: the tests above", CPU_CI, r"^\d+ passed[\s\S]*torch ([\d.]+)\+\w+ deepspeed ([\d.]+)"),
+    Figure("torch {}, DeepSpeed {}: the tests above", CPU_CI,
+           r"^\d+ passed[\s\S]*torch ([\d.]+)\+\w+ deepspeed ([\d.]+)"),
     Figure("torch {}, DeepSpeed {}: stages 0 and 3 on 4 rehearsed ranks, {}", LOGS
            + "h200/25-oldest/default/full-0.19.3/20261201-142019-mAuG/summary.md",
            r"^# ZeRO benchmark: (\w+)[\s\S]*^\| torch \| ([\d.]+)\+\w+ \|\n\| deepspeed \| ([\d.]+) \|",
@@ -693,8 +695,8 @@ DOCS = [
            "", page="docs/zero3-vs-fsdp2.md", read=compile_minutes),
     Figure("after {} to {} minutes of compiling", LOGS + "h200x2/13-fsdp2/10-deepcompile", "", page="BENCHMARKS.md",
            read=compile_minutes),
-    Figure("its walk of `train_gpt.py:main:argv` makes {} stays in {} rooms", LOGS + "cpu/structure/walk-argv-179ec1a.txt",
-           r"^(\d+) stays; (\d+) rooms;", page="docs/layout.md"),
+    Figure("its walk of `train_gpt.py:main:argv` makes {} stays in {} rooms",
+           LOGS + "cpu/structure/walk-argv-179ec1a.txt", r"^(\d+) stays; (\d+) rooms;", page="docs/layout.md"),
     # (b)'s expectation on the goals' row, as today's report.py prints it on the three folders
     Figure("3.99x on 4 rehearsed ranks ({} expected), 2.22x on 2 GPUs ({}); with an older stage-3 config, 5.00x on 8 "
            "rehearsed ranks ({})", f"report.py {GOALS[0]} {GOALS[1]} {GOALS[2]}", "", command=True,
@@ -785,9 +787,9 @@ DOCS = [
                r"step \d+/\d+ .* time ([\d.]+)s", (ROOT / LOGS / "h200/21-verdict/2-warm/interrupt_default.txt").read_text())])),
     Figure("(a JIT build, once: {} s on an H200's host", LOGS + "h200/5-stages-offload-cap/cpu_adam_prebuild.log",
            r"^real\t0m([\d.]+)s$", lambda s: (str(round(float(s))),), page=RUNNING),
-    Figure("here stage 3's from 2 CPU processes ([{}](../{})): ``` {} ```", CPU_CI,
-           r"^== stage3:[\s\S]*?^(\[ *[\d.]+s\] step 2/3 .*)$", lambda line: (CPU_CI.rpartition("/")[2], CPU_CI, line),
-           page=RUNNING),
+    Figure("here stage 3's from 2 CPU processes at {} ([{}](../{})): ``` {} ```", STEP_LINE,
+           r"^== stage3:[\s\S]*?^(\[ *[\d.]+s\] step 2/3 .*)$",
+           lambda line: (commit_of(STEP_LINE), STEP_LINE.rpartition("/")[2], STEP_LINE, line), page=RUNNING),
     Figure("DeepSpeed's CPU all-reduce maps a {} MiB buffer per rank", LOGS + "cpu/shm-buffers.txt",
            r" (\d+) \w+ +\d+ [\d:]+ deepspeed_allreduce_buffer_", lambda b: (f"{int(b) / 2**20:.0f}",), page=RUNNING),
     # docs/hugging-face.md
@@ -1101,7 +1103,8 @@ def test_a_logs_kind_is_its_path_less_the_commit_it_is_named_for_and_its_session
 def test_the_newest_of_a_kind_is_of_the_latest_commit_and_a_log_not_committed_yet_is_newer():
     assert age(LOGS + "cpu/ci/readme-fresh-clone-046398c.txt") > age(LOGS + "cpu/ci/readme-fresh-clone-4453279.txt")
     assert age(LOGS + "h200/99-suite/tests.txt") == (99, float("inf"))
-    assert newest_of_kind(LOGS + "cpu/ci/readme-fresh-clone-4453279.txt") != LOGS + "cpu/ci/readme-fresh-clone-4453279.txt"
+    older = LOGS + "cpu/ci/readme-fresh-clone-4453279.txt"
+    assert newest_of_kind(older) != older
 
 
 @pytest.mark.parametrize("page, says", [

@@ -980,3 +980,70 @@ def test_backward_fetches_the_modules_in_forwards_reverse_order_after_the_root()
     blocks from the last, the positions and the embedding."""
     forward, backward = coordinator.fetch_order(TINY, {"stage3_param_persistence_threshold": 0}, checkpoint=False)
     assert backward == [[], *reversed(forward[1:])] and forward[-2] == [("norm.0", 128), ("norm.1", 128)]
+
+
+@pytest.mark.parametrize("text", ["not json", "{}", "[1]"], ids=["no JSON", "no results", "not an object"])
+def test_a_summary_json_that_is_no_json_or_holds_no_results_is_refused_in_one_line(text, tmp_path):
+    (tmp_path / "summary.json").write_text(text)
+    with pytest.raises(BadInput, match="summary.json holds no results"):
+        inputs.read_records(tmp_path)
+
+
+def test_a_steps_seconds_and_a_links_bus_bandwidths_may_be_whole_numbers():
+    assert inputs.step_problem({"step": 1, "time_s": 2}) is None
+    assert inputs.bus_bandwidths({"1024": 50 * 10**9, "2048": 60.5e9})  # bytes a second
+
+
+def test_a_link_curve_with_a_bus_bandwidth_out_of_its_range_is_refused():
+    assert not inputs.bus_bandwidths({"1024": 50e9, "2048": -1.0})
+
+
+def test_every_positive_figure_of_a_record_has_its_range():
+    """record_problem checks a positive figure against its span where it has one: each has."""
+    assert set(inputs.POSITIVE) <= set(inputs.RECORD_SPANS)
+
+
+def test_fsdp2_holds_its_root_gathered_and_keeps_it_out_of_backwards_all_gather():
+    model, i = tiny_planned("--stages", "fsdp2")
+    assert cluster.memory("fsdp2", model, i, 8, {}).gathered == 2 * (model.root + 2 * model.block)
+    [backward] = [c for c in cluster.step_collectives("fsdp2", model, i, 8, {}) if c.phase == "backward"
+                  and c.kind == "all_gather"]
+    assert backward.bytes == 2 * (model.params - model.root)
+
+
+def test_each_setups_rows_scale_against_its_own_fewest_gpus():
+    model, i = tiny_planned("--stages", "0", "3", "--gpus", "8", "64")
+    rows = cluster.plan(model, i, {}, None).rows
+    firsts = {r.setup: r for r in reversed(rows)}
+    assert [r.scaling for r in firsts.values()] == [cluster.Modes(1.0, 1.0)] * 2
+    assert rows[0].tokens_per_s_per_gpu != rows[2].tokens_per_s_per_gpu
+
+
+def test_a_presets_largest_tensor_is_its_padded_embedding():
+    model, _ = tiny_planned()
+    assert model.embedding == TINY.embedding
+
+
+def test_plan_py_names_itself_and_says_what_it_does_in_its_help(capsys):
+    with pytest.raises(SystemExit):
+        plan.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: plan.py ") and "Plan a cluster:" in out
+
+
+def test_a_plan_that_cannot_be_written_says_so_on_standard_error_and_exits_6(monkeypatch, capsys):
+    class Full:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def fileno(self):
+            return 1
+    monkeypatch.setattr(plan.sys, "stdout", Full())
+    # plan.py's os alone: the redirection of what is buffered to /dev/null would take pytest's own standard output
+    monkeypatch.setattr(plan, "os", argparse.Namespace(open=lambda *_: -1, dup2=lambda *_: None, devnull="",
+                                                       O_WRONLY=0))
+    with pytest.raises(SystemExit) as exited:
+        plan.write("the plan")
+    assert exited.value.code == 6
+    assert capsys.readouterr().err == ("plan.py: error: cannot write the plan to standard output: No space left on "
+                                       "device\n")
