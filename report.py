@@ -7,8 +7,9 @@ verdict; the work is in zero3bench/reporting/ (reading, verdict, tables, artifac
     python report.py --compare results/A results/B [--tolerance 5]   # what moved; exit 1 on a regression
 
 The verdict exits 0 on PASS, 1 on FAIL, 5 when it is not observable (one rank), 2 on bad input, 6 when a
-file of the report cannot be written (one line says which). Only the
-standard library is needed; matplotlib, if installed, draws the plot.
+file of the report cannot be written (one line says which). It needs the standard library and psutil, which
+DeepSpeed installs (zero3bench/launchers.py reads a launcher's command line with it), not torch; matplotlib, if
+installed, draws the plot.
 """
 import argparse
 import os

@@ -1,8 +1,14 @@
-"""Mutation testing of the pure modules with their fast tests: each mutant is one small change of one function
-(a comparison flipped, a constant changed, + and - or * and / swapped, and/or swapped, a `not` dropped), made
-one at a time; the tests that hold that module run against it, and a mutant that they all pass survives.
+"""Mutation testing of the pure modules with their fast tests: each mutant is one small change of one function,
+made one at a time; the tests that hold that module run against it, and a mutant that they all pass survives.
+Its kinds (--kinds): the operators' (`comparison` flipped, `constant` changed, + and - or * and / swapped
+(`binary`), and/or swapped (`boolean`), a `not` dropped (`unary`)), and the operands' (`operand`: one operand
+replaced by its neighbour of the same type, f(a, b) -> f(b, b), a - b -> b - b, x.n, y.n -> y.n, y.n, not two
+arguments that the callee hints apart; `parameter`: x.attr read as y.attr, x and y parameters of one hint;
+`sides`: a < b -> b < a; `default`: a keyword argument, or the last positional one, dropped to the callee's
+default; `bound`: a range()'s argument or a slice's end off by one).
 
-    python3 benchmarks/mutants.py [--budget-s 900] [--only predict] [--survivors-of LOG] [--log FILE]
+    python3 benchmarks/mutants.py [--budget-s 900] [--only predict] [--kinds operand,sides] [--survivors-of LOG]
+                                  [--rest-of LOG] [--log FILE]
 
 mutmut and cosmic-ray rewrite the files and start the tests anew for each mutant; here the tests are imported
 once and each mutant runs in a fork of this process, whose function takes the mutated code (its __code__ and
@@ -21,14 +27,17 @@ run where the time ran out are spread over every function.
 """
 import argparse
 import ast
+import builtins
 import copy
 import functools
 import gc
+import inspect
 import os
 import re
 import signal
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
@@ -41,8 +50,9 @@ SLOWER = 3  # a loaded machine runs the same tests up to about twice as slowly
 # (test_bad_input.py's --check cases and test_sharding.py also read the prediction, but cost 4 s a mutant more)
 EDGES = ["tests/test_edges.py"]  # the pure modules' edges, each test written against a survivor: fast, first
 ACCOUNTING = EDGES + ["tests/test_golden.py", "tests/test_accounting.py", "tests/test_stages.py"]
-VERDICT = EDGES + ["tests/test_golden.py", "tests/test_verdict.py", "tests/test_faults.py", "tests/test_summary.py",
-                   "tests/test_verdict_off_default.py", "tests/test_training.py"]
+VERDICT = EDGES + ["tests/test_verdict_clauses.py", "tests/test_golden.py", "tests/test_verdict.py",
+                   "tests/test_faults.py", "tests/test_summary.py", "tests/test_verdict_off_default.py",
+                   "tests/test_training.py"]
 PLAN = EDGES + ["tests/test_plan.py", "tests/test_plan_inputs.py"]
 TARGETS = {
     "zero3bench.accounting.predict": ACCOUNTING + ["tests/test_plan.py"],
@@ -73,6 +83,8 @@ COMPARE = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, a
 BINARY = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
           ast.Pow: ast.Mult, ast.Mod: ast.Mult}
 BOOLEAN = {ast.And: ast.Or, ast.Or: ast.And}
+# the kinds of mutation: the first run's operators, then the operand mutations
+KINDS = ("comparison", "binary", "boolean", "unary", "constant", "operand", "parameter", "sides", "default", "bound")
 SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=", ast.Is: "is",
           ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in", ast.Add: "+", ast.Sub: "-", ast.Mult: "*",
           ast.Div: "/", ast.FloorDiv: "//", ast.Pow: "**", ast.Mod: "%", ast.And: "and", ast.Or: "or"}
@@ -88,25 +100,180 @@ def changed_constant(value):
     return None
 
 
-def points(node):
-    """The mutations one node offers: (a description, a function that applies it to the node in place)."""
+def points(node, scope):
+    """The mutations one node offers: (its kind, a description, a function that applies it to the node in place)."""
     if isinstance(node, ast.Compare):
         for i, op in enumerate(node.ops):
             if type(op) in COMPARE:
-                yield (f"{SYMBOL[type(op)]} -> {SYMBOL[COMPARE[type(op)]]}",
+                yield ("comparison", f"{SYMBOL[type(op)]} -> {SYMBOL[COMPARE[type(op)]]}",
                        lambda n, i=i: n.ops.__setitem__(i, COMPARE[type(n.ops[i])]()))
     elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in BINARY:
-        yield (f"{SYMBOL[type(node.op)]} -> {SYMBOL[BINARY[type(node.op)]]}",
+        yield ("binary", f"{SYMBOL[type(node.op)]} -> {SYMBOL[BINARY[type(node.op)]]}",
                lambda n: setattr(n, "op", BINARY[type(n.op)]()))
     elif isinstance(node, ast.BoolOp):
-        yield (f"{SYMBOL[type(node.op)]} -> {SYMBOL[BOOLEAN[type(node.op)]]}",
+        yield ("boolean", f"{SYMBOL[type(node.op)]} -> {SYMBOL[BOOLEAN[type(node.op)]]}",
                lambda n: setattr(n, "op", BOOLEAN[type(n.op)]()))
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-        yield ("not dropped" if isinstance(node.op, ast.Not) else "- dropped",
+        yield ("unary", "not dropped" if isinstance(node.op, ast.Not) else "- dropped",
                lambda n: setattr(n, "op", ast.UAdd()))
     elif isinstance(node, ast.Constant) and changed_constant(node.value) is not None:
-        yield (f"{node.value!r} -> {changed_constant(node.value)!r}",
+        yield ("constant", f"{node.value!r} -> {changed_constant(node.value)!r}",
                lambda n: setattr(n, "value", changed_constant(n.value)))
+    yield from operand_points(node, scope)
+
+
+# -----------------------------------------------------------------------------
+# the operand mutations: one operand replaced by another, a comparison's sides swapped, an argument dropped to its
+# default, a bound off by one
+
+OPERANDS = (ast.Name, ast.Attribute, ast.Subscript)  # what one operand may be replaced by another of its own type
+ORDERED = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)  # the comparisons whose sides mean something apart
+
+
+def slots(node):
+    """The places of a node's sibling operands, as paths of fields and indices: a call's arguments (keyword values
+    too), both sides of an arithmetic or a comparison, the values of an and/or, the items of a tuple or list read."""
+    if isinstance(node, ast.Call):
+        return [("args", i) for i in range(len(node.args))] + [("keywords", i, "value")
+                                                                 for i in range(len(node.keywords))]
+    if isinstance(node, ast.BinOp):
+        return [("left",), ("right",)]
+    if isinstance(node, ast.Compare):
+        return [("left",)] + [("comparators", i) for i in range(len(node.comparators))]
+    if isinstance(node, ast.BoolOp):
+        return [("values", i) for i in range(len(node.values))]
+    if isinstance(node, (ast.Tuple, ast.List)) and isinstance(node.ctx, ast.Load):
+        return [("elts", i) for i in range(len(node.elts))]
+    return []
+
+
+def at(node, path):
+    for step in path:
+        node = node[step] if isinstance(step, int) else getattr(node, step)
+    return node
+
+
+def put(node, path, value):
+    holder, last = at(node, path[:-1]), path[-1]
+    holder.__setitem__(last, value) if isinstance(last, int) else setattr(holder, last, value)
+
+
+def off_by_one(n, path, sign):
+    put(n, path, ast.BinOp(at(n, path), ast.Add() if sign > 0 else ast.Sub(), ast.Constant(1)))
+
+
+def bounds(node):
+    """The paths of a range()'s arguments and a slice's ends."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
+        return [("args", i) for i in range(len(node.args))]
+    if isinstance(node, ast.Slice):
+        return [(end,) for end in ("lower", "upper") if getattr(node, end) is not None]
+    return []
+
+
+def droppable(node, scope):
+    """(description, path) of each argument of a call that its callee gives a default: a keyword, or the last of
+    the positional ones; not one that passes the default itself."""
+    signature = scope.signature(node.func) if isinstance(node, ast.Call) else None
+    if signature is None or any(isinstance(a, ast.Starred) for a in node.args):
+        return
+    params = list(signature.parameters.values())
+    given = [(k.arg, k.value, ("keywords", i)) for i, k in enumerate(node.keywords) if k.arg]
+    if node.args and len(node.args) <= len(params) and params[len(node.args) - 1].kind in (
+            inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        given.append((params[len(node.args) - 1].name, node.args[-1], ("args", len(node.args) - 1)))
+    for name, value, path in given:
+        default = signature.parameters[name].default if name in signature.parameters else inspect.Parameter.empty
+        same = isinstance(value, ast.Constant) and type(value.value) is type(default) and value.value == default
+        if default is not inspect.Parameter.empty and not same:
+            yield f"default {name}={ast.unparse(value)} dropped", path
+
+
+def swap_sides(n):
+    n.left, n.comparators[0] = n.comparators[0], n.left
+
+
+def dropped(n, path):
+    at(n, path[:-1]).pop(path[-1])
+
+
+def alike(a, b, scope):
+    """Whether two neighbouring operands may stand for each other: of one type; two names not parameters of
+    different hints; two attributes of one name or one object, two subscripts of one value or one index."""
+    if type(a) is not type(b) or not isinstance(a, OPERANDS) or ast.unparse(a) == ast.unparse(b):
+        return False
+    if isinstance(a, ast.Name):
+        hints = [scope.params.get(n.id) for n in (a, b)]
+        return None in hints or hints[0] == hints[1]
+    if isinstance(a, ast.Attribute):
+        return a.attr == b.attr or ast.unparse(a.value) == ast.unparse(b.value)
+    return ast.unparse(a.value) == ast.unparse(b.value) or ast.unparse(a.slice) == ast.unparse(b.slice)
+
+
+def hints(node, scope):
+    """{path: the hint of the callee's parameter it is passed to} of a call's arguments, where the callee is known."""
+    signature = scope.signature(node.func) if isinstance(node, ast.Call) else None
+    if signature is None or any(isinstance(a, ast.Starred) for a in node.args):
+        return {}
+    params, found = list(signature.parameters.values()), {}
+    for i in range(min(len(node.args), len(params))):
+        found[("args", i)] = params[i].annotation
+    for i, k in enumerate(node.keywords):
+        found[("keywords", i, "value")] = signature.parameters[k.arg].annotation if k.arg in signature.parameters \
+            else None
+    return {path: hint for path, hint in found.items() if hint not in (None, inspect.Parameter.empty)}
+
+
+def operand_points(node, scope):
+    found, typed = slots(node), hints(node, scope)
+    for i, j in [*zip(found, found[1:]), *zip(found[1:], found)]:  # each operand replaced by its neighbour
+        a, b = at(node, i), at(node, j)
+        if alike(a, b, scope) and (i not in typed or j not in typed or typed[i] == typed[j]):
+            yield ("operand", f"operand {ast.unparse(a)} -> {ast.unparse(b)}",
+                   lambda n, i=i, j=j: put(n, i, copy.deepcopy(at(n, j))))
+    if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.value, ast.Name) \
+            and node.value.id in scope.params:  # x.attr read as y.attr, x and y parameters of one hint
+        name = node.value.id
+        for other, hint in scope.params.items():
+            if other != name and hint == scope.params[name]:
+                yield ("parameter", f"parameter {name} -> {other}",
+                       lambda n, other=other: setattr(n.value, "id", other))
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ORDERED):
+        yield "sides", "sides swapped", swap_sides
+    for what, path in droppable(node, scope):
+        yield "default", what, lambda n, path=path: dropped(n, path)
+    for path in bounds(node):
+        signs = (-1,) if isinstance(at(node, path), ast.Constant) else (1, -1)  # a constant's +1 is its own kind's
+        for sign in signs:
+            yield ("bound", f"bound {ast.unparse(at(node, path))} {'+' if sign > 0 else '-'} 1",
+                   lambda n, path=path, sign=sign: off_by_one(n, path, sign))
+
+
+class Scope:
+    """What the operand mutations of one function need: its parameters (name -> its hint's text, self and cls
+    left out) and the signature of a callee that the module names (a function or class of it, or of a module it
+    imports), None where it names none."""
+    def __init__(self, fn, module):
+        args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs] if isinstance(fn, ast.FunctionDef) else []
+        self.params = {a.arg: a.annotation and ast.unparse(a.annotation) for a in args if a.arg not in ("self", "cls")}
+        self.module = module
+
+    def signature(self, func):
+        names = []
+        while isinstance(func, ast.Attribute):
+            names.insert(0, func.attr)
+            func = func.value
+        if not isinstance(func, ast.Name) or self.module is None:
+            return None
+        target = vars(self.module).get(func.id, getattr(builtins, func.id, None))
+        if names and not isinstance(target, (types.ModuleType, type)):
+            return None  # a method of a value: its callee is not known before it runs
+        for name in names:
+            target = getattr(target, name, None)
+        try:
+            return inspect.signature(target) if callable(target) else None
+        except (TypeError, ValueError):  # a builtin without a signature
+            return None
 
 
 def docstrings(tree):
@@ -129,28 +296,39 @@ def functions(tree):
                     yield f"{node.name}.{inner.name}", inner
 
 
-def mutants(source):
-    """Every mutant of a module's source: (function, line's text, description, its index among the same
-    function, line and description, the mutated module's source)."""
+def mutants(source, module=None, kinds=KINDS):
+    """Every mutant of a module's source of these kinds: (function, line's text, description, its index among the
+    same function, line and description, the mutated module's source). module, the module imported, names the
+    callees whose defaults an argument may be dropped to. A mutant that another one already makes is made once."""
     tree = ast.parse(source)
     lines = source.splitlines()
-    skip = docstrings(tree)
-    found = []
+    hinted = [m for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) for m in ast.walk(n.annotation)]
+    # a hint's words, and a subscript's tuple: a type's arguments (list[tuple[str, int]]), not operands
+    skip = docstrings(tree) | {id(m) for m in hinted} | {id(n.slice) for n in ast.walk(tree)
+                                                         if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Tuple)}
+    found, made = [], {source}
     for qualname, fn in functions(tree):
+        scope = Scope(fn, module)
         nodes = [n for n in ast.walk(fn) if id(n) not in skip and not isinstance(n, ast.JoinedStr)]
         skip |= {id(c) for n in ast.walk(fn) if isinstance(n, ast.JoinedStr) for c in ast.walk(n)}
         for n in nodes:
             if id(n) in skip or (qualname != "<module>" and getattr(n, "lineno", fn.lineno) < fn.body[0].lineno):
                 continue  # f-strings' parts, and the signature (defaults, hints)
-            for what, apply in points(n):
+            for kind, what, apply in points(n, scope):
+                if kind not in kinds:
+                    continue
                 text = lines[n.lineno - 1].strip()
                 twin = copy.deepcopy(tree)
                 [target] = [m for m in ast.walk(twin) if type(m) is type(n)
                             and (m.lineno, m.col_offset, getattr(m, "end_col_offset", None)) ==
                             (n.lineno, n.col_offset, getattr(n, "end_col_offset", None))]
                 apply(target)
+                mutated = ast.unparse(twin)
+                if mutated in made:
+                    continue
+                made.add(mutated)
                 same = sum(1 for f in found if f[:3] == (qualname, text, what))
-                found.append((qualname, text, what, same, ast.unparse(twin)))
+                found.append((qualname, text, what, same, mutated))
     return found
 
 
@@ -317,14 +495,27 @@ def named_in(log):
             for m in map(LINE.match, Path(log).read_text().splitlines()) if m}
 
 
+def reached_in(log):
+    """{module: (mutants run, mutants made)} as a log's lines "## MODULE: N of M run" say."""
+    found = (re.match(r"^## (\S+): (\d+) of (\d+) run", line) for line in Path(log).read_text().splitlines())
+    return {m[1]: (int(m[2]), int(m[3])) for m in found if m}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=900, help="the mutants' seconds, after the unmutated run")
     ap.add_argument("--only", default="", help="the targets whose name holds this")
     ap.add_argument("--survivors-of", default="", help="a log: run only the mutants it names as not killed")
+    ap.add_argument("--rest-of", default="", help="a log whose time ran out: run only the mutants it did not reach "
+                    "(a module whose count of mutants has changed since, whole)")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"the kinds of mutation, of {','.join(KINDS)}")
     ap.add_argument("--log", default="")
     args = ap.parse_args()
+    kinds = args.kinds.split(",")
+    if set(kinds) - set(KINDS):
+        ap.error(f"--kinds: not a kind: {','.join(sorted(set(kinds) - set(KINDS)))}")
     again = named_in(args.survivors_of) if args.survivors_of else None
+    reached = reached_in(args.rest_of) if args.rest_of else {}
     os.chdir(ROOT)
     sys.path[:0] = [str(ROOT), str(TESTS)]
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
@@ -349,17 +540,20 @@ def main():
     for module_name, tfiles in targets.items():
         __import__(module_name)
         module = sys.modules[module_name]
-        ms = mutants(Path(module.__file__).read_text())
+        ms = mutants(Path(module.__file__).read_text(), module, kinds)
         ms = ms if again is None else [m for m in ms if (module_name, *m[:4]) in again]
+        if module_name in reached:  # a module whose mutants have changed since runs whole
+            ran, made = reached[module_name]
+            ms = in_turns(ms)[ran:] if made == len(ms) else ms
         if ms:
             plans[module_name] = (tfiles, ms)
     left = sum(len(ms) for _, ms in plans.values())
-    say(f"# {left} mutants over {len(plans)} modules, within {args.budget_s:.0f} s")
+    say(f"# {left} mutants of the kinds {','.join(kinds)} over {len(plans)} modules, within {args.budget_s:.0f} s")
     counts = {}
     for module_name, (tfiles, ms) in plans.items():
         deadline = time.monotonic() + (args.budget_s - (time.monotonic() - started)) * len(ms) / left
         left -= len(ms)
-        ran = 0
+        ran, mine_counted = 0, {}
         say(f"## {module_name}: {len(ms)} mutants; tests {' '.join(tfiles)}")
         mine = [t for t in timing.durations if t not in slow and t.split("::")[0] in tfiles]
         fastest = sorted(mine, key=lambda t: (tfiles.index(t.split("::")[0]), timing.durations[t]))
@@ -377,12 +571,14 @@ def main():
                 outcome = in_a_fork(module_name, qualname, source, fastest, selection,
                                     sum(timing.durations[t] for t in fastest))
             counts[outcome] = counts.get(outcome, 0) + 1
+            mine_counted[outcome] = mine_counted.get(outcome, 0) + 1
             ran += 1
             if outcome not in ("killed", "invalid"):
                 say(f"{outcome.upper()}  {module_name}:{qualname}  {what}" + (f" (#{same + 1})" if same else "") +
                     f"  in: {text}")
         say(f"## {module_name}: {ran} of {len(ms)} run" + ("" if ran == len(ms) else
-                                                            ", in turns over its functions, as the time ran out"))
+                                                            ", in turns over its functions, as the time ran out")
+            + " (" + ", ".join(f"{n} {k}" for k, n in sorted(mine_counted.items())) + ")")
     say(f"# {sum(counts.values())} mutants run in {time.monotonic() - started:.0f} s: " +
         ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
 

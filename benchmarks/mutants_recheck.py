@@ -24,7 +24,7 @@ if __name__ == "__main__":
         if any(part in module for part in parts):
             __import__(module)
             source = Path(sys.modules[module].__file__).read_text()
-            found = [x for x in mutants.mutants(source) if x[:4] == (qualname, text, what, same)]
+            found = [x for x in mutants.mutants(source, sys.modules[module]) if x[:4] == (qualname, text, what, same)]
             verdict = (mutants.in_a_fork(module, qualname, found[0][4], tests, selection, unmutated_s) if found
                        else "gone")
             print(verdict, module, qualname, what, text[:70])  # gone: its line has changed since the log

@@ -260,10 +260,12 @@ def test_deepspeeds_estimator_has_none_for_stage0_and_counts_host_memory_per_nod
     assert two["host_per_node"] == pytest.approx(one["host_per_node"] / 2, rel=0.01)
 
 
-# 1 and 2 GPUs as well as 8: an offloaded optimizer's host bytes a param are max(4 GPUs, 16 or 18), which turns there
+# 1 and 2 GPUs as well as 8: an offloaded optimizer's host bytes a param are max(4 GPUs, 16 or 18), which turns there;
+# the parameters offloaded alone count as nothing offloaded, as DeepSpeed's estimator reads them only with the optimizer
 @pytest.mark.parametrize("per_node, nodes", [(1, 1), (2, 1), (4, 2)])
 @pytest.mark.parametrize("stage, optimizer, param", [(1, None, None), (2, None, None), (2, "cpu", None),
-                                                     (3, None, None), (3, "cpu", None), (3, "cpu", "cpu")])
+                                                     (3, None, None), (3, "cpu", None), (3, "cpu", "cpu"),
+                                                     (3, None, "cpu")])
 def test_the_estimator_arithmetic_equals_deepspeeds_own_functions(stage, optimizer, param, per_node, nodes):
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs

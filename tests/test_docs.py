@@ -1,5 +1,6 @@
 """README.md names only options that the scripts take and files that the repository holds, and every relative
 link of README.md, BENCHMARKS.md and docs/ leads to a file or folder of the repository."""
+import json
 import os
 import re
 import subprocess
@@ -189,3 +190,13 @@ def test_each_launcher_of_the_block_wrote_a_log_that_report_py_reads(launcher):
     proc = subprocess.run([sys.executable, "report.py", str(folder)], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert re.search(r"^ranks +2$", proc.stdout, flags=re.M), proc.stdout + proc.stderr
+
+
+def test_report_py_needs_no_package_beyond_the_standard_library_but_psutil_as_its_docstring_says():
+    """Its imports, in a process of their own, against those of a bare interpreter (a .pth file may import some)."""
+    third_party = ("import json, sys; print(json.dumps(sorted({n.split('.')[0] for n, m in list(sys.modules.items()) "
+                   "if 'site-packages' in (getattr(m, '__file__', None) or '')})))")
+    bare, imported = (subprocess.run([sys.executable, "-c", f"{before}{third_party}"], cwd=ROOT, capture_output=True,
+                                     text=True, timeout=120).stdout for before in ("", "import report; "))
+    assert set(json.loads(imported)) - set(json.loads(bare)) == {"psutil"}
+    assert "the standard library and psutil" in " ".join((ROOT / "report.py").read_text().split())

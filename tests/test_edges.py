@@ -10,7 +10,7 @@ import pytest
 
 import plan
 from zero3bench import options, stages
-from zero3bench.accounting import activations, coordinator, host, memory, moments, predict, shapes, timing
+from zero3bench.accounting import activations, coordinator, host, memory, moments, predict, shapes, timing, traffic
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
 from zero3bench.planning import cluster, folders, inputs, steptime
@@ -911,3 +911,139 @@ def test_the_small_preset_is_docs_running_mds_101m_parameters_on_a_byte_vocabula
 def test_the_1_3b_presets_rate_is_docs_training_recipe_mds_constant_5e_6():
     assert shapes.PRESETS["1.3b"].lr == 5e-6
     assert "A constant 5e-6 for `1.3b`" in (ROOT / "docs" / "training-recipe.md").read_text()
+
+
+# -----------------------------------------------------------------------------
+# the operand mutants (benchmarks/logs/cpu/mutants/survivors.md, the operand run)
+
+def test_a_curve_read_beyond_either_end_gives_that_ends_value():
+    curve = {1: 10.0, 4: 40.0}
+    assert [traffic.read_curve(curve, x) for x in (0.5, 1, 4, 8)] == [10.0, 10.0, 40.0, 40.0]
+
+
+def test_a_partitioned_group_held_at_the_low_edge_of_its_tolerance_holds_as_promised():
+    """The slack is a share of the promise, not of what is held: 0.45 against 0.5 give or take 10%."""
+    promised = {"params": 0.5, "grads": 0.5, "optimizer": 0.5}
+    assert predict.holds_as_promised({**promised, "params": 0.45}, promised, 3, 0.0, 0.1)
+
+
+@pytest.mark.parametrize("rank, params", [(None, TINY.params), (0, TINY.params + 1)], ids=["no rank", "other params"])
+def test_deepspeeds_flat_groups_are_not_known_without_a_rank_or_for_params_that_are_not_the_shapes(rank, params):
+    assert predict.grad_layout(1, "deepspeed", TINY.params, TINY, 0, memory.NO_OFFLOAD) == TINY.decay_groups
+    assert predict.grad_layout(1, "deepspeed", params, TINY, rank, memory.NO_OFFLOAD) is None
+
+
+def test_a_prefetch_ahead_of_a_model_of_few_blocks_holds_no_more_than_the_whole_model():
+    """2 blocks of 100 and a root of 200: half a block ahead at each block, and 4 besides, reach past the model."""
+    assert moments.gathered_ahead(2, 100, 200, 400, 1e12, 12) == 400
+
+
+def test_a_shapes_counts_are_its_parameters_its_embedding_as_the_largest_tensor_a_block_and_the_root():
+    assert memory.Counts.of_shape(TINY) == memory.Counts(params=TINY.params, largest=TINY.embedding,
+                                                         block=TINY.block_params, root=TINY.root_params)
+
+
+def test_the_optimizer_steps_moment_holds_the_gradient_norms_copies_where_they_are_its_most():
+    nothing = {f.name: 0.0 for f in dataclasses.fields(memory.MemoryTerms)}
+    terms = memory.MemoryTerms(**{**nothing, "breakdown": {"grads": 0.0}, "grad_norm": 5.0, "overflow_check": 3.0})
+    assert terms.peak == 5.0
+
+
+def test_a_loss_over_fewer_tokens_than_a_chunk_is_one_chunk_of_those_tokens():
+    assert activations.output_layer_bytes(TINY, 2, 100, 256) == activations.output_layer_bytes(TINY, 2, 100, 100)
+
+
+def test_two_rows_without_flash_attention_hold_twice_one_rows_activations():
+    """Each row's attention keeps its own softmax, seq x seq a head: the micro batch multiplies it, and no row
+    attends to another's tokens."""
+    one, two = (activations.activation_bytes(TINY, "bf16", rows, 64, False, False, 1024) for rows in (1, 2))
+    assert two == 2 * one
+
+
+def test_a_shape_read_back_from_its_record_is_the_same_shape():
+    assert shapes.from_record(shapes.as_record(ODD)) == ODD
+
+
+def test_the_vocabulary_is_padded_to_the_shapes_own_multiple():
+    assert dataclasses.replace(TINY, vocab=100, vocab_multiple=1).padded_vocab == 100
+    assert dataclasses.replace(TINY, vocab=100, vocab_multiple=64).padded_vocab == 128
+
+
+def test_a_gelu_block_with_fewer_key_heads_than_query_heads_keeps_q_k_and_v_apart():
+    """model.py fuses q, k and v where they are alike; a GELU family with grouped keys (4 heads, 2 of keys) does not."""
+    matrices, _ = dataclasses.replace(TINY, kv_heads=2).block_tensors
+    assert matrices[:4] == [128**2, 64 * 128, 64 * 128, 128**2]
+
+
+def test_backward_fetches_the_modules_in_forwards_reverse_order_after_the_root():
+    """With no tensor persisting, every module fetches: the output layer (the embedding, tied), the final norm, the
+    blocks from the last, the positions and the embedding."""
+    forward, backward = coordinator.fetch_order(TINY, {"stage3_param_persistence_threshold": 0}, checkpoint=False)
+    assert backward == [[], *reversed(forward[1:])] and forward[-2] == [("norm.0", 128), ("norm.1", 128)]
+
+
+@pytest.mark.parametrize("text", ["not json", "{}", "[1]"], ids=["no JSON", "no results", "not an object"])
+def test_a_summary_json_that_is_no_json_or_holds_no_results_is_refused_in_one_line(text, tmp_path):
+    (tmp_path / "summary.json").write_text(text)
+    with pytest.raises(BadInput, match="summary.json holds no results"):
+        inputs.read_records(tmp_path)
+
+
+def test_a_steps_seconds_and_a_links_bus_bandwidths_may_be_whole_numbers():
+    assert inputs.step_problem({"step": 1, "time_s": 2}) is None
+    assert inputs.bus_bandwidths({"1024": 50 * 10**9, "2048": 60.5e9})  # bytes a second
+
+
+def test_a_link_curve_with_a_bus_bandwidth_out_of_its_range_is_refused():
+    assert not inputs.bus_bandwidths({"1024": 50e9, "2048": -1.0})
+
+
+def test_every_positive_figure_of_a_record_has_its_range():
+    """record_problem checks a positive figure against its span where it has one: each has."""
+    assert set(inputs.POSITIVE) <= set(inputs.RECORD_SPANS)
+
+
+def test_fsdp2_holds_its_root_gathered_and_keeps_it_out_of_backwards_all_gather():
+    model, i = tiny_planned("--stages", "fsdp2")
+    assert cluster.memory("fsdp2", model, i, 8, {}).gathered == 2 * (model.root + 2 * model.block)
+    [backward] = [c for c in cluster.step_collectives("fsdp2", model, i, 8, {}) if c.phase == "backward"
+                  and c.kind == "all_gather"]
+    assert backward.bytes == 2 * (model.params - model.root)
+
+
+def test_each_setups_rows_scale_against_its_own_fewest_gpus():
+    model, i = tiny_planned("--stages", "0", "3", "--gpus", "8", "64")
+    rows = cluster.plan(model, i, {}, None).rows
+    firsts = {r.setup: r for r in reversed(rows)}
+    assert [r.scaling for r in firsts.values()] == [cluster.Modes(1.0, 1.0)] * 2
+    assert rows[0].tokens_per_s_per_gpu != rows[2].tokens_per_s_per_gpu
+
+
+def test_a_presets_largest_tensor_is_its_padded_embedding():
+    model, _ = tiny_planned()
+    assert model.embedding == TINY.embedding
+
+
+def test_plan_py_names_itself_and_says_what_it_does_in_its_help(capsys):
+    with pytest.raises(SystemExit):
+        plan.parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: plan.py ") and "Plan a cluster:" in out
+
+
+def test_a_plan_that_cannot_be_written_says_so_on_standard_error_and_exits_6(monkeypatch, capsys):
+    class Full:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def fileno(self):
+            return 1
+    monkeypatch.setattr(plan.sys, "stdout", Full())
+    # plan.py's os alone: the redirection of what is buffered to /dev/null would take pytest's own standard output
+    monkeypatch.setattr(plan, "os", argparse.Namespace(open=lambda *_: -1, dup2=lambda *_: None, devnull="",
+                                                       O_WRONLY=0))
+    with pytest.raises(SystemExit) as exited:
+        plan.write("the plan")
+    assert exited.value.code == 6
+    assert capsys.readouterr().err == ("plan.py: error: cannot write the plan to standard output: No space left on "
+                                       "device\n")

@@ -584,6 +584,12 @@ def test_cpu_adam_scales_with_the_hosts_cores_and_offloads_copies_with_the_host_
     assert step(host_gbs=25) - step() == pytest.approx(4 * 2 * m.params / 50e9)
 
 
+def test_a_plans_world_one_steps_copy_over_the_host_link_it_is_given(capsys):
+    steps = [planned(capsys, "--from", str(MB16), "--gpus", "1", "--offload", "--host-gbs", gbs)["world_one"]["step_s"]
+             for gbs in (25, 50)]
+    assert steps[0]["3_offload"] > steps[1]["3_offload"] and steps[0]["0"] == steps[1]["0"]
+
+
 def test_the_plans_step_terms_name_the_calibrating_run():
     assert steptime.terms(MB16).source == str(MB16)
 

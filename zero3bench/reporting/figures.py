@@ -25,6 +25,7 @@ class Partitioning:
     shards_ok: Optional[bool] = None  # every rank's shards have the sizes ZeRO-3 gives them
     stage0_partitioned: Optional[int] = None  # None where stage 0 failed before counting
     same_weights: Optional[bool] = None  # the shards hold stage 0's initial weights; None without both checksums
+    weights_gap: Optional[float] = None  # how far apart the two checksums are, relative; None without both
     world: Optional[int] = None
     stage0_unfinished: Optional[str] = None  # stage 0's status, where it did not finish and compared nothing
     observe: Optional[str] = None  # then, how to observe what it did not

@@ -57,6 +57,14 @@ def design_losses(model: str, losses: dict[str, list[float]]) -> Optional[dict]:
 
 
 def loss(dense: Results, zero3: Results) -> tuple[str, Loss]:
+    """Stage 3 finished; each finished stage's loss falls at each of the first FALLING_STEPS steps, which train on
+    one batch; no later step, on fresh rows, comes back to the first step's loss; the stages' losses are within
+    LOSS_RTOL of each other at every step; their weights after the first FALLING_STEPS steps are within
+    WEIGHTS_RTOL of each other; and for the model that DESIGN_LOSS names, each stage is below its loss by its step.
+
+    Not observable with fewer than FALLING_STEPS steps applied, where stage 0 did not finish (that the stages are
+    alike is then not observed), or where the loss misses only its fall, alike at both stages, at a learning rate of
+    the run's own (at_own_rate)."""
     if failed(zero3):
         return "FAIL", Loss(unfinished=status(zero3))
     finished = {"stage 3": zero3} if failed(dense) else {"stage 0": dense, "stage 3": zero3}

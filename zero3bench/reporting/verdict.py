@@ -8,7 +8,6 @@ function composes the sentence that tells them. CRITERIA lists them with their s
 A new criterion costs its figures (figures.py), its judging function, its sentence, one line in CRITERIA, and its
 test (docs/layout.md).
 """
-import math
 import os
 import signal
 from dataclasses import dataclass, replace
@@ -16,7 +15,8 @@ from typing import Callable, Optional
 
 from zero3bench.formatting import size
 from zero3bench.result import line_value
-from .bounds import FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, MEMORY_SLACK, SAME_IN_BOTH, SAME_TRAINING
+from .bounds import (FALLING_STEPS, FIRST_LOSS_RTOL, LOSS_RTOL, MEMORY_SLACK, SAME_IN_BOTH, SAME_TRAINING,
+                     SAME_WEIGHTS_RTOL)
 from .defects import known_defects
 from .losses import loss, loss_gaps, say_loss
 from .figures import Check, Comparison, Memory, Partitioning, Promises, SameTraining
@@ -41,17 +41,22 @@ class Criterion:
 
 
 def partitioning(dense: Results, zero3: Results) -> tuple[str, Partitioning]:
+    """Stage 3 counted what it partitions; every rank of stage 3 partitions every parameter tensor; every rank's
+    shards have the sizes that ZeRO-3 gives them; no rank of stage 0 partitions any; and the shards hold exactly
+    stage 0's initial weights, their checksums within SAME_WEIGHTS_RTOL.
+
+    Stage 0 may have failed before it counted, and a run before its checksum: the weights are then not compared,
+    and where stage 0 did not finish, what compares with it is not observed."""
     counted = [r for r in zero3 if r.shards.partitioned_tensors is not None]  # a rank that failed early counted nothing
     if not counted:
         return "FAIL", Partitioning(counted=False)
     # stage 0 may have run out of memory before it counted anything; what it did count must be nothing
     counted0 = [r.shards.partitioned_tensors for r in dense if r.shards.partitioned_tensors is not None]
-    a, b = dense[0].weights_checksum if dense else None, counted[0].weights_checksum
-    counts = counted[0].shards
-    f = Partitioning(counted=True, partitioned=counts.partitioned_tensors, tensors=counts.param_tensors,
-                     shards_ok=all(r.shards.shard_check_ok for r in counted),
-                     stage0_partitioned=counted0[0] if counted0 else None,
-                     same_weights=math.isclose(a, b, rel_tol=1e-9) if a is not None and b is not None else None,
+    gap = checksum_gap(dense[0].weights_checksum, counted[0].weights_checksum)
+    f = Partitioning(counted=True, partitioned=min(r.shards.partitioned_tensors for r in counted),
+                     tensors=counted[0].shards.param_tensors, shards_ok=all(r.shards.shard_check_ok for r in counted),
+                     stage0_partitioned=max(counted0, default=None),
+                     same_weights=gap <= SAME_WEIGHTS_RTOL if gap is not None else None, weights_gap=gap,
                      world=counted[0].world_size)
     whole = all(r.shards.partitioned_tensors == r.shards.param_tensors > 0 and r.shards.shard_check_ok for r in counted)
     if not whole or any(counted0) or f.same_weights is False:
@@ -60,6 +65,14 @@ def partitioning(dense: Results, zero3: Results) -> tuple[str, Partitioning]:
         return "NOT OBSERVABLE", replace(f, stage0_unfinished=status(dense),
                                          observe=how_to_observe(dense, "stage 0", counted[0]))
     return "PASS", f
+
+
+def checksum_gap(a: float | None, b: float | None) -> float | None:
+    """How far apart two weights checksums are, relative to the larger, as math.isclose measures it; None without
+    both."""
+    if a is None or b is None:
+        return None
+    return abs(a - b) / max(abs(a), abs(b)) if a != b else 0.0
 
 
 def say_partitioning(f: Partitioning) -> str:
@@ -74,7 +87,9 @@ def say_partitioning(f: Partitioning) -> str:
     if f.same_weights is None:
         text += "; a run failed before its checksum, so the weights were not compared"
     else:
-        text += f"; the shards hold {'exactly' if f.same_weights else 'NOT'} stage 0's initial weights (checksum)"
+        text += ("; the shards hold exactly stage 0's initial weights (checksum)" if f.same_weights else
+                 f"; the shards do NOT hold stage 0's initial weights: their checksums are {f.weights_gap:.1e} apart "
+                 f"(at most {SAME_WEIGHTS_RTOL:g})")
     return text + ("; with 1 rank each shard is the whole tensor" if f.world == 1 else "")
 
 
@@ -103,6 +118,12 @@ def measured_memory(dense: Results, zero3: Results) -> Memory:
 
 
 def memory(dense: Results, zero3: Results) -> tuple[str, Memory]:
+    """Stage 3 finished; stage 0 finished, or ran out of memory where stage 3 fit; stage 3's model states per rank
+    are within MEMORY_SLACK of stage 0's over the ratio that theory predicts of them; and on GPUs, stage 0's peak
+    over stage 3's is at least the ratio that theory predicts of the two runs (memory.rank_memory) over PEAK_SLACK.
+
+    Not observable where a run applied none of its steps or stopped before it counted its model states, with one
+    rank, or without a prediction of the peak."""
     if failed(zero3):
         return "FAIL", Memory(unfinished="stage 3", status=status(zero3))
     if oom(dense):
@@ -164,8 +185,11 @@ def say_memory(f: Memory) -> str:
 
 
 def promises(runs: Runs) -> Optional[tuple[str, Promises]]:
-    """Every run finished, or ran out of memory (a result too), and its ranks hold the share of parameters,
-    gradients and optimizer states that their stage promises (finishing.add_shares)."""
+    """Every run finished, or ran out of memory (a result too); and every rank of each holds the share of
+    parameters, gradients and optimizer states that its stage promises (finishing.add_shares).
+
+    None where no run measured its shares (logs from before they were). The shares told are a run's first rank's
+    that broke its promise, else its rank 0's."""
     held: dict[str, dict[str, float] | None] = {}
     broken: list[str] = []
     for name, rs in runs.items():
@@ -174,8 +198,9 @@ def promises(runs: Runs) -> Optional[tuple[str, Promises]]:
         elif failed(rs):
             broken.append(f"{name} {status(rs)}")
         elif all(r.partition_check_ok is not None for r in rs):
-            held[name] = dict(rs[0].held_fraction)
-            broken += [] if all(r.partition_check_ok for r in rs) else [f"{name} not as promised"]
+            breaking = [r for r in rs if not r.partition_check_ok]
+            held[name] = dict((breaking or rs)[0].held_fraction)
+            broken += [f"{name} not as promised"] if breaking else []
     if not broken and not any(r.partition_check_ok is not None for rs in runs.values() for r in rs):
         return None  # logs from before the shares were measured
     return ("FAIL" if broken else "PASS"), Promises(held=held, broken=broken)
@@ -189,11 +214,12 @@ def say_promises(f: Promises) -> str:
 
 
 def same_training(runs: Runs) -> Optional[tuple[str, SameTraining]]:
-    """Every finished run trains the same model as the reference among the runs with its settings
-    (reference_rank's first): the same first-step loss within FIRST_LOSS_RTOL, and the same losses within
-    LOSS_RTOL at every step. Settings that race show here: DeepSpeed's fast sharding for leaf modules on two
-    H200s moved the first loss by up to 0.9% and later ones by up to 67%. A finished run whose reference did not
-    finish is not compared, and (e) cannot PASS it."""
+    """Every finished run has the first step's loss of the reference among the runs with its settings
+    (reference_rank's first), within FIRST_LOSS_RTOL; and its loss at every step, within LOSS_RTOL.
+
+    None where no run has another to compare with. Settings that race show here: DeepSpeed's fast sharding for
+    leaf modules on two H200s moved the first loss by up to 0.9% and later ones by up to 67%. A finished run whose
+    reference did not finish is not compared, and (e) cannot PASS it."""
     ranked = sorted(((name, rs) for name, rs in runs.items() if rs), key=lambda item: reference_rank(item[1][0]))
     groups: dict[tuple, list[tuple[str, Results]]] = {}
     for name, rs in ranked:
