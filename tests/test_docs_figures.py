@@ -661,6 +661,9 @@ def held_out_families() -> tuple:
 
 
 DOCS = [
+    Figure("the step peaks at {} GiB in the output layer's backward", LOGS + "h200/35-trace/timeline/stage3_r8_summary.txt",
+           r"^step 3: peak ([\d.]+) GiB, first seen at event \d+ of \d+: between gathered model bwd and gathered "
+           r"lm_head bwd", page="docs/measurement.md"),
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
            r"or better: theory predicts ([\d.]+x) less", command=True, page="docs/measurement.md"),
