@@ -340,7 +340,7 @@ def other_stages(tmp_path_factory):
 
 
 @shared
-def timeline(tmp_path_factory):
+def traced_run(tmp_path_factory):
     """`bash run.sh --timeline --peer fsdp2`: stages 0 and 3, then FSDP2, each rank tracing its memory through its
     first and last steps."""
     return run_sh_once(tmp_path_factory, "timeline", "--timeline", "--peer", "fsdp2")

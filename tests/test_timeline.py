@@ -21,43 +21,43 @@ def points(record):
     return parts.Timeline.from_dict(record["memory_timeline"]).points
 
 
-def test_every_rank_of_each_run_traces_its_last_step_through_its_three_phases(timeline):
-    assert timeline.proc.returncode == report.EXIT["PASS"], timeline.proc.stdout[-3000:]
-    assert list(timeline.runs) == ["fsdp2", "stage0", "stage3"]
-    for name, ranks in timeline.runs.items():
+def test_every_rank_of_each_run_traces_its_last_step_through_its_three_phases(traced_run):
+    assert traced_run.proc.returncode == report.EXIT["PASS"], traced_run.proc.stdout[-3000:]
+    assert list(traced_run.runs) == ["fsdp2", "stage0", "stage3"]
+    for name, ranks in traced_run.runs.items():
         for r in ranks:
             assert r["memory_timeline"]["step"] == 3 and r["memory_timeline"]["memory"] in ("malloc", "rss"), name
             phases = [p.phase for p in points(r)]
             assert sorted(set(phases), key=PHASES.index) == PHASES and phases == sorted(phases, key=PHASES.index)
 
 
-def test_each_block_and_each_module_with_weights_of_its_own_marks_its_forward_and_backward(timeline):
-    for name, ranks in timeline.runs.items():
+def test_each_block_and_each_module_with_weights_of_its_own_marks_its_forward_and_backward(traced_run):
+    for name, ranks in traced_run.runs.items():
         said = {(p.event, p.module) for p in points(ranks[0])}
         for module in ("wte", "wpe", "blocks.0", "blocks.1", "ln_f", "lm_head"):
             assert {("forward", module), ("forward done", module), ("backward", module)} <= said, (name, module)
 
 
-def test_stage_3_and_fsdp2_trace_each_gather_and_release_and_stage_0_gathers_nothing(timeline):
+def test_stage_3_and_fsdp2_trace_each_gather_and_release_and_stage_0_gathers_nothing(traced_run):
     for name in ("stage3", "fsdp2"):
-        traced = points(timeline.runs[name][0])
+        traced = points(traced_run.runs[name][0])
         assert {"gathered", "released"} <= {p.event for p in traced}, name
         returned = next(p for p in traced if p.event == "backward done")
         assert max(p.gathered for p in traced) > 0 and returned.gathered == traced[-1].gathered == 0, name
-        assert timeline.runs[name][0]["memory_timeline"]["still_gathered"] == []
-    assert not any(p.gathered or p.event == "gathered" for p in points(timeline.runs["stage0"][0]))
+        assert traced_run.runs[name][0]["memory_timeline"]["still_gathered"] == []
+    assert not any(p.gathered or p.event == "gathered" for p in points(traced_run.runs["stage0"][0]))
 
 
-def test_the_first_and_last_steps_are_traced_marked_and_not_timed_for_speed(timeline):
-    for ranks in timeline.runs.values():
+def test_the_first_and_last_steps_are_traced_marked_and_not_timed_for_speed(traced_run):
+    for ranks in traced_run.runs.values():
         for r in ranks:
             assert [s.get("traced", False) for s in r["steps"]] == [True, False, True]
             assert r["step_time_s"] == r["steps"][1]["time_s"]
             assert 0 < r["memory_timeline"]["hooks_s"] < r["steps"][2]["time_s"]
 
 
-def test_the_report_says_in_one_line_per_run_where_each_peaked_and_what_tracing_cost(timeline):
-    text = (timeline.folder / "report.txt").read_text()
+def test_the_report_says_in_one_line_per_run_where_each_peaked_and_what_tracing_cost(traced_run):
+    text = (traced_run.folder / "report.txt").read_text()
     said = [line.strip() for line in text.splitlines() if line.startswith("  ") and ", step 3: " in line]
     assert [line.split(" rank ")[0] for line in said] == ["fsdp2", "stage0", "stage3"]
     for line in said:
@@ -66,14 +66,14 @@ def test_the_report_says_in_one_line_per_run_where_each_peaked_and_what_tracing_
         assert "STILL GATHERED" not in line
 
 
-def test_report_writes_timeline_png_beside_memory_png(timeline):
-    assert (timeline.folder / "timeline.png").stat().st_size > 0
-    assert "timeline.png" in (timeline.folder / "report.txt").read_text().splitlines()[-1]
+def test_report_writes_timeline_png_beside_memory_png(traced_run):
+    assert (traced_run.folder / "timeline.png").stat().st_size > 0
+    assert "timeline.png" in (traced_run.folder / "report.txt").read_text().splitlines()[-1]
 
 
-def test_the_pictures_predicted_peak_is_summary_jsons(timeline):
-    summary = json.loads((timeline.folder / "summary.json").read_text())
-    drawn = timelines.panels(reading.load_runs(timeline.folder))
+def test_the_pictures_predicted_peak_is_summary_jsons(traced_run):
+    summary = json.loads((traced_run.folder / "summary.json").read_text())
+    drawn = timelines.panels(reading.load_runs(traced_run.folder))
     assert len(drawn) == 3
     for p in drawn:
         assert p.predicted.bytes == summary["results"][p.name][0]["predicted_peak_bytes"]
