@@ -3,7 +3,8 @@ Reads the RESULT lines that train_gpt.py leaves in a run's logs, compares the Ze
 verdict; the work is in zero3bench/reporting/ (reading, verdict, tables, artifacts, compare), this is its command line:
 
     python report.py results/<timestamp>           # table, verdict
-    python report.py --write results/<timestamp>   # and writes summary.json, summary.md, memory.png there
+    python report.py --write results/<timestamp>   # and writes summary.json, summary.md, memory.png there (and
+                                                   # timeline.png, where a run traced a step: --timeline)
     python report.py --compare results/A results/B [--tolerance 5]   # what moved; exit 1 on a regression
 
 The verdict exits 0 on PASS, 1 on FAIL, 5 when it is not observable (one rank), 2 on bad input, 6 when a
@@ -21,7 +22,7 @@ from pathlib import Path
 from zero3bench.exits import EXIT, SIGNALS
 
 from zero3bench.formatting import quiet_when_closed
-from zero3bench.reporting import artifacts, compare, reading, tables, verdict
+from zero3bench.reporting import artifacts, compare, reading, tables, timelines, verdict
 
 
 def parse_args(argv):
@@ -29,8 +30,9 @@ def parse_args(argv):
     p.add_argument("folder", nargs="?", type=Path, help="a results folder of run.sh")
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A", "B"), help="two results folders, A before B")
     p.add_argument("--tolerance", type=float, default=5.0, help="percent a figure may worsen in --compare (default 5)")
-    p.add_argument("--write", action="store_true", help="write summary.json, summary.md and memory.png into the "
-                   "folder (run.sh does, into its own); without it, reading a folder changes nothing")
+    p.add_argument("--write", action="store_true", help="write summary.json, summary.md, memory.png and, where a run "
+                   "traced a step (--timeline), timeline.png into the folder (run.sh does, into its own); without it, "
+                   "reading a folder changes nothing")
     return p.parse_args(argv)
 
 
@@ -43,8 +45,8 @@ def report(folder, write):
     checks, overall = verdict.verdict(runs)
     deaths = [f"{name}: {dead}" for name, rs in runs.items() if (dead := reading.dead_rank(folder / f"{name}.log", rs))]
     stopped_by = verdict.interruption(runs, deaths)
-    print("", *tables.offload_lines(runs), *tables.compile_lines(runs), *tables.peer_lines(runs), *deaths,
-          *verdict.verdict_lines(checks), sep="\n")
+    print("", *tables.offload_lines(runs), *tables.compile_lines(runs), *tables.peer_lines(runs),
+          *timelines.lines(runs), *deaths, *verdict.verdict_lines(checks), sep="\n")
     if stopped_by:
         overall = "INTERRUPTED"
         print(f"\nVERDICT: INTERRUPTED by {stopped_by}: " + "; ".join(verdict.progress_lines(runs)))

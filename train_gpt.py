@@ -25,6 +25,7 @@ import torch
 from deepspeed import comm as dist
 
 from zero3bench import compat, exits, finishing, fsdp2, hf, machine, options, parts, rank_lines, result, stages
+from zero3bench import timeline
 from zero3bench.inputs import chosen, prediction_line, resolve
 from zero3bench.accounting import comms, hostpass, measure
 from zero3bench.accounting.shapes import PRESETS, as_record
@@ -97,10 +98,11 @@ def all_reduced_loss(loss, device):
     return both[0].item(), both[1].item() > 0
 
 
-def train(engine, run, tokens, device, r):
+def train(engine, run, tokens, device, r, trace):
     """Run the steps into r.steps (result.RankResult.steps) until --steps have been applied: rows and rate follow
     the applied steps, so a skipped one is tried again. With NCCL between ranks, from 3 steps on, the last runs
-    under the profiler, which times NCCL's kernels. A signal or a diverged loss ends the steps on every rank."""
+    under the profiler, which times NCCL's kernels. With --timeline, trace (timeline.Recorder) traces the first step,
+    where an out-of-memory most often comes, and the last. A signal or a diverged loss ends the steps on every rank."""
     nccl = device.type == "cuda" and r.world_size > 1 and not r.rehearsal
     # a model's dropout draws from here: every stage's training starts from one state, whatever zero.Init and the
     # engine drew before (GPT-2's dropout of 0.1 had put stage 3's weights 0.37% from stage 0's after 3 steps)
@@ -110,12 +112,12 @@ def train(engine, run, tokens, device, r):
         trained = r.applied_steps  # the step counts as the next one trained: its rows, its rate
         x, y = get_batch(tokens, run.seed, trained + 1, r.rank, run.micro_batch, r.world_size, run.seq, device)
         last = trained + 1 == run.steps_planned
-        with comms.step(device, profiled=last and trained >= 2 and nccl) as comm:
+        with comms.step(device, profiled=last and trained >= 2 and nccl) as comm, trace.step(step, last or step == 1):
             loss, signalled, elapsed = timed_step(engine, run, trained + 1, x, y, device, r if last else None)
         s = parts.Step.made(  # its RESULT record carries the keys of this device's memory snapshot alone
             step=step, loss=loss / r.world_size, lr=engine.get_lr()[0], applied=engine.was_step_applied(),
             loss_scale=machine.loss_scale(engine) if run.dtype == "fp16" else None,
-            time_s=elapsed, memory=measure.memory_snapshot(device), **comm)
+            time_s=elapsed, memory=measure.memory_snapshot(device), **comm, **trace.marks(step))
         r.steps.append(s)
         if s.applied and r.applied_steps == min(options.SAME_ROWS_STEPS, run.steps_planned):
             r.trained_checksum = measure.weights_checksum(engine.module, r.rank, device, squared=True)  # for (c)
@@ -317,7 +319,11 @@ def build_and_train(run, config, tokens, r, device):
     r.flops_per_token = engine.module.flops_per_token(r.shards.params_total, run.seq)
     r.peak_tflops = machine.peak_tflops(device, run.dtype)
     r.timing["engine_ready"] = time.time()
-    train(engine, run, tokens, device, r)
+    trace = timeline.attach(engine, run, device, r.rank, r.world_size)
+    try:
+        train(engine, run, tokens, device, r, trace)
+    finally:  # a step that failed keeps what its trace saw up to the failure
+        r.memory_timeline = trace.record()
     r.timing["trained"] = time.time()
     if not Stop.reason:
         # after the last step's memory is recorded

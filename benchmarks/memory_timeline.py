@@ -4,6 +4,9 @@ the H200s): train_gpt.py as it is, with the device memory allocated, the running
 elements of the gathered non-persistent parameters written at each gather and release of parameters, at the
 forward of each top-level module and around backward and the optimizer step, and the host's resident set, now
 and its peak so far. One CSV per rank; rank 0 prints the last step's largest moments and where its peak was reached.
+train_gpt.py --timeline (zero3bench/timeline.py) now records these points in any run, into its record, and the report
+draws them; this script adds ZeRO's own internal moments, every step, the live tensors, and resets the peak at each
+row (so its run's RESULT peaks are not the step's).
   TIMELINE_OUT=dir TIMELINE_TAG=name deepspeed --num_gpus 2 benchmarks/memory_timeline.py [train_gpt.py options]
 """
 import collections

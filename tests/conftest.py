@@ -331,10 +331,17 @@ def sweep(tmp_path_factory):
 
 @shared
 def other_stages(tmp_path_factory):
-    """`bash run.sh --stages "0 1 2 3 3_offload 3_infinity"`: every stage, ZeRO-Offload and ZeRO-Infinity
-    (parameters and optimizer in host memory) on 2 CPU ranks. The first offload run JIT-builds DeepSpeed's
-    CPU Adam, which takes about a minute."""
-    return run_sh_once(tmp_path_factory, "stages", "--stages", "0 1 2 3 3_offload 3_infinity")
+    """`bash run.sh --stages "0 1 2 3 3_offload 3_infinity" --timeline`: every stage, ZeRO-Offload and ZeRO-Infinity
+    (parameters and optimizer in host memory) on 2 CPU ranks, each tracing its memory through its last step. The
+    first offload run JIT-builds DeepSpeed's CPU Adam, which takes about a minute."""
+    return run_sh_once(tmp_path_factory, "stages", "--stages", "0 1 2 3 3_offload 3_infinity", "--timeline")
+
+
+@shared
+def traced_run(tmp_path_factory):
+    """`bash run.sh --timeline --peer fsdp2`: stages 0 and 3, then FSDP2, each rank tracing its memory through its
+    first and last steps."""
+    return run_sh_once(tmp_path_factory, "timeline", "--timeline", "--peer", "fsdp2")
 
 
 @shared
@@ -419,7 +426,8 @@ def original_design(tmp_path_factory):
 @shared
 def planted_faults(tmp_path_factory, run_sh):
     """Results folders that pair run_sh's healthy stage-0 log with a stage-3 run carrying one planted fault
-    (tests/plant_fault.py), and, for a rate of 0, a stage-0 run with it too, so that the two stages agree."""
+    (tests/plant_fault.py), and, for a rate of 0, a stage-0 run with it too, so that the two stages agree. The runs
+    that keep weights gathered trace their memory too (--timeline), for the timeline to name what stays gathered."""
     folders = {}
     for fault, stages in {"lr0": (0, 3), "zero_grads": (3,), "perturb_shard": (3,), "keep_block": (3,),
                           "keep_gathered": (3,)}.items():
@@ -428,7 +436,8 @@ def planted_faults(tmp_path_factory, run_sh):
             log = folder / f"stage{stage}.log"
             if stage in stages:
                 run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                     str(free_port()), "tests/plant_fault.py", fault, "--stage", str(stage)], log=log)
+                     str(free_port()), "tests/plant_fault.py", fault, "--stage", str(stage),
+                     *(["--timeline"] if fault.startswith("keep_") else [])], log=log)
             else:
                 shutil.copy(run_sh.folder / log.name, log)
         folders[fault] = folder

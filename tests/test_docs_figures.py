@@ -700,6 +700,13 @@ def expected(folder: str) -> tuple:
 
 
 DOCS = [
+    Figure("the hooks' own seconds: {} to {} ms for the {} points", LOGS + "cpu/timeline/cost-stage3-d365845.txt",
+           r"hooks' own seconds in the last traced step \((\d+) points\): ([\d.]+), ([\d.]+), ([\d.]+)$",
+           show=lambda points, *s: (round(1000 * float(min(s))), round(1000 * float(max(s))), points),
+           page="docs/measurement.md"),
+    Figure("the step peaks at {} GiB in the output layer's backward", LOGS + "h200/35-trace/timeline/stage3_r8_summary.txt",
+           r"^step 3: peak ([\d.]+) GiB, first seen at event \d+ of \d+: between gathered model bwd and gathered "
+           r"lm_head bwd", page="docs/measurement.md"),
     Figure('prints "peak {} GiB -> {} GiB ({} less, expected {} less or better: theory predicts {} less"',
            f"report.py {H200_DEFAULT}", r"peak ([\d.]+) GiB -> ([\d.]+) GiB \(([\d.]+x) less, expected ([\d.]+x) less "
            r"or better: theory predicts ([\d.]+x) less", command=True, page="docs/measurement.md"),

@@ -701,13 +701,14 @@ def test_a_record_without_a_shape_predicts_no_activations_and_nothing_of_blocks_
     m = memory.rank_memory(bf16(3, micro_batch=2, seq=64, checkpoint=True), None, memory.Counts(10**9),
                            {"reduce_bucket_size": 100}, memory.Seat(2))
     assert (m.activations, m.last_block, m.prefetched, m.scatter) == (0, 0, 0, 2 * 100 * 1.5)
-    assert memory.activations(bf16(3), None, memory.Seat(2)) == {"activations": 0, "last_block": 0, "blocks": 0}
+    assert memory.activations(bf16(3), None, memory.Seat(2)) == {"activations": 0, "logits": 0, "last_block": 0,
+                                                                  "blocks": 0}
 
 
 def test_a_block_that_activations_py_does_not_know_has_its_activations_not_predicted():
     unknown = dataclasses.replace(TINY, activations_known=False)
     assert memory.activations(bf16(3, micro_batch=2, seq=64), unknown, memory.Seat(2)) == {
-        "activations": None, "last_block": 0, "blocks": 0}
+        "activations": None, "logits": 0, "last_block": 0, "blocks": 0}
 
 
 def test_without_a_shape_stage_0s_reduction_bucket_passes_500m_elements_by_nothing():

@@ -31,8 +31,9 @@ def hf_llama(tmp_path_factory):
 
 @shared
 def hf_neox(tmp_path_factory):
-    """`bash run.sh --model tiny-gpt-neox`: stages 0 and 3 on 2 CPU ranks, dropout 0.1 on attention and the residual."""
-    return run_sh_once(tmp_path_factory, "hf-neox", "--model", tiny("gpt-neox"))
+    """`bash run.sh --model tiny-gpt-neox --timeline`: stages 0 and 3 on 2 CPU ranks, dropout 0.1 on attention and the
+    residual, each rank tracing its memory through its last step."""
+    return run_sh_once(tmp_path_factory, "hf-neox", "--model", tiny("gpt-neox"), "--timeline")
 
 
 @shared
@@ -125,3 +126,13 @@ def test_the_verdict_predicts_the_peak_from_the_shape_the_record_carries(hf_llam
     assert theory.predicted_peak(llama) == pytest.approx(llama.predicted.peak, rel=0.01)
     neox = result.RankResult.from_dict(hf_neox.runs["stage3"][0])
     assert theory.predicted_peak(neox) is None
+
+
+def test_a_hugging_face_model_traces_its_layers_as_blocks_and_reports_no_prediction_it_lacks(hf_neox):
+    for name in ("stage0", "stage3"):
+        traced = result.RankResult.from_dict(hf_neox.runs[name][0]).memory_timeline.points
+        blocks = {p.module for p in traced if p.block is not None and p.event == "forward done"}
+        assert blocks == {"hf.gpt_neox.layers.0", "hf.gpt_neox.layers.1"}, blocks
+        assert {"hf.gpt_neox.embed_in", "hf.gpt_neox.final_layer_norm", "hf.lm_head"} <= {p.module for p in traced}
+    said = [line for line in (hf_neox.folder / "report.txt").read_text().splitlines() if ", step 3: " in line]
+    assert len(said) == 2 and not any("predicted" in line for line in said)  # activations.py knows no GPT-NeoX block

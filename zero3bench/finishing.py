@@ -49,7 +49,7 @@ def add_predictions(r: RankResult, shape: ModelShape, zero: dict[str, Any]) -> N
         estimate = predict.deepspeed_estimate(run.stage, c.params_total, c.largest_param_elems, r.ranks_per_node,
                                               r.world_size // r.ranks_per_node, run.offload)
     r.predicted = parts.Predicted(breakdown=m.breakdown, states=m.states, host_states=m.host_states, deepspeed=estimate,
-                                  activations=m.activations, transient=m.transient, peak=m.peak)
+                                  activations=m.activations, transient=m.transient, peak=m.peak, moments=m.moments())
 
 
 def add_shares(r: RankResult) -> None:

@@ -19,6 +19,7 @@ from zero3bench.exits import EXIT
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 ENGINES = ("deepspeed", "fsdp2")
+TIMELINES = ("memory", "snapshot")
 STAGES = tuple(stages.PARTITIONS)
 # The ranges of the numbers, each at what the code can hold or what is physically meaningful:
 SEED_LIMIT = 2**63  # numpy's and torch's seeds are 64-bit
@@ -72,6 +73,7 @@ class Run:
     data: str | None = None  # --data, or None for Python's own sources
     fused_adamw: bool | None = None  # whether torch's fused AdamW steps on this device (compat.degrade)
     leaf_modules: bool | None = None  # whether ZeRO-3 gathers a whole block at once (compat.degrade)
+    timeline: str | None = None  # --timeline: "memory" traces the last step's memory, "snapshot" the allocator's too
 
 
 RUN_KEYS = {f.name for f in dataclass_fields(Run)}
@@ -123,6 +125,10 @@ def at_least(low: int, high: float = math.inf) -> Callable[[str], int]:
 MODEL_HELP = ("a preset ({}; default 1.3b on GPUs, tiny without), a Hugging Face config.json, its folder, or NAME for "
               "configs/models/NAME.json")
 SEQ_HELP = f"tokens per row (default: the model's context, at most {DEFAULT_SEQ})"
+TIMELINE_HELP = ("trace each rank's memory through its first and last steps, at each module's forward and backward, "
+                 "each gather and release, backward and the optimizer step (report.py draws timeline.png); =snapshot "
+                 "also writes the CUDA allocator's snapshot per rank, for PyTorch's memory viewer. A traced step is "
+                 "not timed")
 DATA_HELP = ("token file: flat uint16 (nanoGPT .bin) or a 1-D .npy of unsigned integers (uint32 for ids of 65,536 on); "
              "default: Python's sources")
 
@@ -135,8 +141,7 @@ def parse_args(argv: Sequence[str] | None, presets: Iterable[str]) -> argparse.N
     p.add_argument("--model", metavar="MODEL", help=MODEL_HELP.format(", ".join(presets)))
     p.add_argument("--micro-batch", type=at_least(1),
                    help="rows per rank per step (default: the config's, or its train_batch_size over the ranks, or 2)")
-    p.add_argument("--seq", type=at_least(1), 
-                   help=f"tokens per row (default: the model's context, at most {DEFAULT_SEQ})")
+    p.add_argument("--seq", type=at_least(1), help=SEQ_HELP)
     p.add_argument("--steps", type=at_least(1, MAX_STEPS), default=3, help="training steps (default 3)")
     p.add_argument("--lr", type=positive(float, MAX_LR),
                    help="AdamW's peak learning rate, after the warm-up (default: the config's, else the preset's)")
@@ -157,6 +162,7 @@ def parse_args(argv: Sequence[str] | None, presets: Iterable[str]) -> argparse.N
                    help="cap each rank's memory: the GPU allocator's share, or on a CPU the data the process adds")
     p.add_argument("--timeout-s", type=positive(float, MAX_TIMEOUT_S), default=120.0,
                    help="seconds a collective may wait for a rank before the run fails (default 120)")
+    p.add_argument("--timeline", nargs="?", const="memory", choices=TIMELINES, help=TIMELINE_HELP)
     p.add_argument("--check", nargs="?", const=0, type=at_least(1, MAX_RANKS), metavar="RANKS",
                    help="check the arguments and the config for this many ranks (default: the launcher's), print "
                         "how they are read, and exit without training")
@@ -313,7 +319,7 @@ def resolve(args: argparse.Namespace, config: dict[str, Any], model: str, preset
     line = how_read(args, world, section, scheduler, {"dtype": dtype_source, "batch": batch_source, "lr": lr_source})
     run = Run(**{name: getattr(args, name) for name in ("stage", "engine", "model", "dtype", "micro_batch", "seq", "lr",
                                                         "warmup", "seed", "checkpoint", "compile", "deepcompile",
-                                                        "max_mem_gib", "timeout_s")},
+                                                        "max_mem_gib", "timeout_s", "timeline")},
               config=str(args.config), steps_planned=args.steps, offload=offload_devices(config),
               data=args.data and str(args.data))
     return config, run, line

@@ -115,6 +115,7 @@ class Predicted(Part):
     activations: float | None = None  # the activations when backward starts
     transient: float | None = None  # what the optimizer step makes: its fp32 gradient copies
     peak: float | None = None  # the rank's peak: what it holds throughout and the most of its moments
+    moments: dict[str, float] | None = None  # the rank's bytes at each named moment of its step (memory.MOMENTS)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,7 @@ class Step(Part):
     memory: MemorySnapshot | None = None  # the snapshot after it, whose keys its record holds flat, where this stands
     comm: dict[str, Collectives] | None = None  # its collectives by kind (accounting.comms.COLLECTIVES)
     comm_s: dict[str, float | None] | None = None  # the NCCL kernels' seconds by kind, in the profiled step
+    traced: bool = False  # whether --timeline traced it (its hooks slow it: no speed is timed on it); absent: False
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Self:
@@ -182,9 +184,45 @@ class Step(Part):
         return d
 
 
+@dataclass(frozen=True)
+class Point:
+    """A rank's memory at one hook of its traced step (zero3bench/timeline.py), as a Timeline holds it: a row of its
+    fields, in their order."""
+    phase: str  # "forward", "backward" or "optimizer"
+    event: str  # "forward", "forward done", "backward" (its output's gradient made), "gathered", "released", ...
+    module: str  # the module's name in the model ("model" for the whole), or "" for the engine's own calls
+    block: int | None  # its number among the model's blocks, where it is one
+    allocated: int  # bytes allocated now: PyTorch's on a GPU; on a CPU, malloc's (or the resident set: Timeline.memory)
+    peak: int  # the most allocated since the step began; on a CPU, the most of the points' so far
+    rss: int  # the process's resident set: the host memory that offload costs
+    gathered: int  # bytes of partitioned weights held whole now (ZeRO-3's or FSDP2's), the persistent ones aside
+
+    def row(self) -> list[Any]:
+        return [getattr(self, f.name) for f in fields(self)]
+
+
+@dataclass(frozen=True)
+class Timeline(Part):
+    """A rank's memory through its traced step (--timeline, zero3bench/timeline.py): a point at each hook."""
+    step: int | None = None  # the step it traced: the last
+    # what a point's allocated counts: "cuda", PyTorch's allocator's; on a CPU, "malloc", the bytes that malloc has
+    # handed out, or "rss", the resident set, where the C library cannot say (timeline.host_allocated)
+    memory: str | None = None
+    rows: list[list[Any]] | None = None  # the points, each as Point.row
+    left_out: int = 0  # points left out to keep the record small (timeline.MAX_POINTS)
+    hooks_s: float | None = None  # the hooks' own seconds in the step: what tracing it cost
+    still_gathered: list[str] | None = None  # the modules whose partitioned weights were whole as backward returned
+    snapshot: str | None = None  # the allocator's snapshot (--timeline=snapshot) that the rank wrote
+
+    @property
+    def points(self) -> list[Point]:
+        return [Point(*row) for row in self.rows or []]
+
+
 # the fields of a rank's result that hold one part each, by the part's class
 ONE: dict[str, type[Part]] = {"env": Environment, "memory_at_start": MemorySnapshot, "model_state_breakdown": Census,
-                              "host_state_breakdown": Census, "built": Built, "host_pass": HostPass}
+                              "host_state_breakdown": Census, "built": Built, "host_pass": HostPass,
+                              "memory_timeline": Timeline}
 
 
 def of(d: dict[str, Any]) -> dict[str, Any]:

@@ -68,6 +68,7 @@ class RankResult:
     # the most of its memory snapshots' peaks, the GPU's size; a peak of 0 where the rank did not finish
     peaks: parts.MemorySnapshot = field(default_factory=lambda: parts.MemorySnapshot(peak_mem_bytes=0))
     steps: list[parts.Step] = field(default_factory=list)  # training, per step
+    memory_timeline: parts.Timeline | None = None  # its memory through the last step, at each hook (--timeline)
     flops_per_token: float | None = None
     peak_tflops: float | None = None  # the device's dense 16-bit peak, where known
     # the link's curve after training: an all-gather's bus bandwidth by bytes (comms.link_curve); logs from before
@@ -138,8 +139,9 @@ class RankResult:
     @property
     def step_time_s(self) -> float | None:
         """The median over steps timed_from..N, but for a step run under the profiler; a run of one step is timed
-        on that step. None for a DeepCompile run that stopped before it was timed: its steps are compiles."""
-        unprofiled = [s for s in self.steps if not s.comm_s]
+        on that step. None for a DeepCompile run that stopped before it was timed: its steps are compiles. A step
+        that --timeline traced is not timed: its hooks slow it."""
+        unprofiled = [s for s in self.steps if not (s.comm_s or s.traced)]
         timed = [s.time_s for s in unprofiled if s.step >= self.timed_from]
         if not timed and self.timed_from == 2:
             timed = [s.time_s for s in unprofiled]
@@ -226,7 +228,7 @@ FLAT: dict[str, dict[str, str]] = {
     "predicted": {"breakdown": "predicted_breakdown", "states": "predicted_model_state_bytes",
                   "host_states": "predicted_host_state_bytes", "deepspeed": "deepspeed_estimate",
                   "activations": "activation_estimate_bytes", "transient": "step_transient_bytes",
-                  "peak": "predicted_peak_bytes"},
+                  "peak": "predicted_peak_bytes", "moments": "predicted_moments"},
     "peaks": {key: key for key in ("peak_mem_bytes", "peak_reserved_bytes", "device_total_bytes",
                                    "host_peak_rss_bytes")},
 }

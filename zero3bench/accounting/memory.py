@@ -12,6 +12,16 @@ from zero3bench.options import Run
 from zero3bench.stages import shards_params, splits_one_buffer
 
 NO_OFFLOAD = {"optimizer": None, "param": None}
+# Where in a step each of MemoryTerms.moments falls, in the step's order: forward; the output layer's backward (the
+# loss's, which comes first, and the first bucket that stage 3 reduces after it, while every block's activations are
+# still held); the blocks' backward; backward's end (the first block's, which comes last, and the reduction after
+# backward); the optimizer step
+MOMENTS = {"states": "forward", "gathered": "forward", "activations": "forward",
+           "backward's start": "the output layer's backward", "first bucket": "the output layer's backward",
+           "prefetch": "the blocks' backward", "backward's end": "backward's end", "reduction": "backward's end",
+           "offloaded gradient": "the optimizer step", "regathered": "the optimizer step",
+           "optimizer step": "the optimizer step"}
+PEAK_MOMENTS = list(MOMENTS)[3:]  # the moments of which the peak is the most: each holds more than forward's
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,7 @@ class MemoryTerms:
     start_gathered: float  # those gathered through the loss's backward (moments.start_gathered_bytes)
     saved_weights: float
     activations: float | None  # None where the model's block is not one that activations.py knows: no peak then
+    logits: float  # of the activations, the output layer's: its logits and the loss's (activations.output_layer_bytes)
     last_block: float  # the first block's activations, whose backward comes last
     scatter: float
     prefetched: float
@@ -74,32 +85,45 @@ class MemoryTerms:
         steps, and the workspace."""
         return self.states - (self.breakdown["grads"] if self.freed_grads else 0) + self.buffers + self.workspace
 
-    @property
-    def peak(self) -> float | None:
-        """The most of the rank's moments, on top of what it holds throughout:
+    def moments(self) -> dict[str, float] | None:
+        """The rank's bytes at each named moment of its step (MOMENTS says where each is), in the step's order: what
+        it holds throughout, with the weights that forward gathers, with the blocks' activations as forward ends, and
+        the moments of which the peak is the most (PEAK_MOMENTS):
         - backward's start: the weights gathered through it (moments.start_gathered_bytes), those that autograd keeps
-          (saved_weights_bytes), the activations (activation_bytes) and stage 2's buckets (grad_bucket_bytes); no
-          gradient is made yet;
-        - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights
-          gathered, and the first block's activations, whose backward comes last;
+          (saved_weights_bytes), the activations with the logits (activation_bytes) and stage 2's buckets
+          (grad_bucket_bytes); no gradient is made yet;
         - stage 3's reduction of its first full bucket in backward, after the output layer's, with the weights
           gathered (scatter_bytes);
         - stage 3's backward with checkpointing where the prefetch holds the most ahead (prefetch_bytes);
+        - backward's end: every gradient made (freed_grads, where they are freed between steps), the weights
+          gathered, and the first block's activations, whose backward comes last;
         - the reduction after backward (reduction_bytes), with the gradients it reduces (reduced_grads_bytes);
+        - the offloaded embedding's gradient; on rehearsed ranks, the all-gather of the updated weights at the step's
+          end (regathered_bytes);
         - the optimizer step: the partition's gradients (stage 1 frees the rest first) and what the step makes
           (transient), or before it stage 3's fp16 overflow check (overflow_check) or its gradient norm's fp64
-          copies (grad_norm); the offloaded embedding's gradient; on rehearsed ranks, the all-gather of the updated
-          weights at the step's end (regathered_bytes).
-        Between the first two, backward frees a block's activations as it makes its gradients: the held bytes move
-        linearly from one end to the other, so their most is at an end. None where the activations are not
-        predicted."""
+          copies (grad_norm).
+        Between backward's start and end, backward frees a block's activations as it makes its gradients: the held
+        bytes move linearly from one end to the other, so their most is at an end. None where the activations are
+        not predicted."""
         if self.activations is None:
             return None
-        return self.held + max(self.start_gathered + self.saved_weights + self.activations + self.backward_buckets,
-                               self.gathered + self.scatter, self.prefetched,
-                               self.freed_grads + self.gathered + self.last_block, self.reduced_grads + self.reduction,
-                               self.offloaded_grad, self.regathered,
-                               self.partition_grads + max(self.transient, self.overflow_check, self.grad_norm))
+        above = {"states": 0, "gathered": self.gathered, "activations": self.activations - self.logits,
+                 "backward's start": (self.start_gathered + self.saved_weights + self.activations
+                                      + self.backward_buckets),
+                 "first bucket": self.gathered + self.scatter, "prefetch": self.prefetched,
+                 "backward's end": self.freed_grads + self.gathered + self.last_block,
+                 "reduction": self.reduced_grads + self.reduction, "offloaded gradient": self.offloaded_grad,
+                 "regathered": self.regathered,
+                 "optimizer step": self.partition_grads + max(self.transient, self.overflow_check, self.grad_norm)}
+        return {name: self.held + bytes_ for name, bytes_ in above.items()}
+
+    @property
+    def peak(self) -> float | None:
+        """The most of the rank's moments (moments), on top of what it holds throughout; None where the activations
+        are not predicted."""
+        named = self.moments()
+        return None if named is None else max(named[name] for name in PEAK_MOMENTS)
 
     @property
     def reserved(self) -> float | None:
@@ -147,7 +171,7 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         buffers=predict.buffer_bytes(stage, engine, width, zero),
         workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed,
         **fetched_weights(run, shape, counts, zero, world, fetches),
-        activations=act["activations"], last_block=act["last_block"], reduction=reduction,
+        activations=act["activations"], logits=act["logits"], last_block=act["last_block"], reduction=reduction,
         backward_buckets=buckets if predict.partitioned(stage, "grads") else 0,
         reduced_grads=predict.reduced_grads_bytes(stage, dtype, freed, transient),
         partition_grads=width * shard if freed and splits_one_buffer(stage) else freed, transient=transient,
@@ -182,9 +206,11 @@ def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, flo
     """The activations' most when backward starts, the last block's, and all the blocks' when their backward starts
     (activations.py); none without a shape, and not predicted (None) for a block that activations.py does not know."""
     if shape is None or not shape.activations_known:
-        return {"activations": None if shape else 0, "last_block": 0, "blocks": 0}
+        return {"activations": None if shape else 0, "logits": 0, "last_block": 0, "blocks": 0}
     micro_batch, seq, checkpoint = run.micro_batch or 0, run.seq or 0, bool(run.checkpoint)
     flash = saved.uses_flash(seat.on_gpu, run.dtype)
+    tokens, width = micro_batch * seq, predict.WIDTH[run.dtype]
     return {"activations": saved.activation_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash, LOSS_CHUNK),
-            "last_block": saved.block_activation_bytes(shape, predict.WIDTH[run.dtype], micro_batch * seq, seq, flash),
+            "logits": saved.output_layer_bytes(shape, width, tokens, LOSS_CHUNK),
+            "last_block": saved.block_activation_bytes(shape, width, tokens, seq, flash),
             "blocks": saved.blocks_backward_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash)}

@@ -1,6 +1,7 @@
 """
 What a report leaves in a results folder: summary.json (the whole account, every rank's result in it),
-summary.md (the same for a reader), memory.png and, for run.sh, report.txt. Each is written whole or not at all.
+summary.md (the same for a reader), memory.png, timeline.png where a run traced a step (reporting/timelines.py) and,
+for run.sh, report.txt. Each is written whole or not at all.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from zero3bench.result import RankResult, as_dict
 from .figures import Check
 from .reading import Results, Runs, first, most, oom, pairs, read_command, read_marks, read_sized
 from .tables import comparison_table, compile_lines, peer_lines
+from .timelines import panels, picture
 from .verdict import verdict_lines
 
 if TYPE_CHECKING:  # matplotlib is optional: plot() imports it where it draws
@@ -197,11 +199,17 @@ def plot(folder: str | Path, runs: Runs) -> bool:
 
 
 def write(folder: str | Path, runs: Runs, checks: dict[str, list[Check]], overall: str, verdict_at: float) -> list[str]:
-    """summary.json, summary.md and memory.png in the folder; returns the names of the files written."""
+    """summary.json, summary.md, memory.png and, where a run traced a step (--timeline), timeline.png in the folder;
+    returns the names of the files written."""
     account = summary(folder, runs, checks, overall, verdict_at)
     write_whole(Path(folder, "summary.json"), json.dumps(without_nan(account), indent=1, allow_nan=False).encode())
     write_whole(Path(folder, "summary.md"), summary_markdown(account, runs, checks).encode())
-    return ["summary.json", "summary.md"] + (["memory.png"] if plot(folder, runs) else [])
+    written = ["summary.json", "summary.md"] + (["memory.png"] if plot(folder, runs) else [])
+    traced = panels(runs)
+    png = picture(traced) if traced else None
+    if png:
+        write_whole(Path(folder, "timeline.png"), png)
+    return written + (["timeline.png"] if png else [])
 
 
 def results_line(folder: str | Path, written: list[str]) -> str:
