@@ -90,14 +90,14 @@ def test_a_gpu_rank_that_offloads_every_model_state_is_reported_without_a_divisi
 
 
 def test_a_model_that_only_stage_3_fits_under_a_memory_cap(memory_cap):
-    assert memory_cap.proc.returncode == 0, memory_cap.proc.stdout[-3000:]
+    assert memory_cap.proc.returncode == 5, memory_cap.proc.stdout[-3000:]  # nothing compared the two stages
     dense, zero3 = memory_cap.runs["stage0"], memory_cap.runs["stage3"]
     assert reading.oom([result.RankResult.from_dict(r) for r in dense]) and any("can't allocate memory" in r["error"] for r in dense)
     assert not reading.failed([result.RankResult.from_dict(r) for r in zero3]) and len(zero3) == 2
     assert "only stage 3 trains this model on this hardware, with memory capped at 1.75 GiB" in memory_cap.proc.stdout
     assert all(r["peak_mem_bytes"] > 0 for r in dense)
     assert reading.read_command(memory_cap.folder / "stage0.log").endswith("--model small --max-mem-gib 1.75")
-    assert "VERDICT: PASS" in memory_cap.proc.stdout
+    assert "PASS  (b)" in memory_cap.proc.stdout and "VERDICT: NOT OBSERVABLE" in memory_cap.proc.stdout
 
 
 def test_a_stage_that_holds_more_than_it_promises_fails_the_verdict(other_stages, tmp_path, capsys):
