@@ -25,7 +25,7 @@ import torch
 from deepspeed import comm as dist
 
 from zero3bench import compat, exits, finishing, fsdp2, hf, machine, options, parts, rank_lines, result, stages
-from zero3bench.inputs import chosen, prediction_line, resolve
+from zero3bench.inputs import chosen, prediction_line, resolve, shape_for
 from zero3bench.accounting import comms, measure
 from zero3bench.accounting.shapes import PRESETS, as_record
 from zero3bench.formatting import START, log, phase, size
@@ -208,9 +208,10 @@ def build_model(run, config, device):
             model = GPT(shape, checkpoint=run.checkpoint)
         by, attention, record = "model.py", hf.ATTENTION, None
     else:
+        record = as_record(shape_for(run))  # counted on the meta device, before transformers enters zero.Init
         inner, kept = hf.build(hf_config, DTYPES[run.dtype], config if zero3 else None, device, run.checkpoint)
         model = HuggingFace(inner, shape, hf.layer_class(inner), kept)
-        by, attention, record = hf.built_by(), inner.config._attn_implementation, as_record(shape)
+        by, attention = hf.built_by(), inner.config._attn_implementation
     torch.set_default_dtype(torch.float32)
     built = parts.Built(by=by, architecture=type(getattr(model, "hf", model)).__name__,
                         partitioned="zero.Init" if zero3 else None, attention=attention,
@@ -377,8 +378,7 @@ def main(argv=None):
         end_as(r, e)
     Stop.phase = "done"
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    zero = config.get("zero_optimization", {})
-    finishing.finish(r, chosen(run.model)[0], zero, measure.memory_snapshot(device))
+    finishing.finish(r, shape_for(run), measure.memory_snapshot(device))
     publish(r)
     machine.leave(world, exits.rank_status(r.oom, r.error, r.interrupted_by, bool(r.diverged or r.nonfinite_loss)))
 
