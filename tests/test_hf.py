@@ -22,7 +22,8 @@ CONFIGS = {path.stem.removeprefix("tiny-"): str(path) for path in sorted((ROOT /
 TINY = {family: CONFIGS[family] for family in ("llama", "qwen2", "mistral")}
 # the published parameter counts of the bundled configs (their model cards)
 PUBLISHED = {"llama-3.2-1b": 1_235_814_400, "qwen2.5-1.5b": 1_543_714_304, "llama-3.1-8b": 8_030_261_248,
-             "mistral-7b-v0.1": 7_241_732_096}
+             "mistral-7b-v0.1": 7_241_732_096, "gemma-2-2b": 2_614_341_888, "gpt2-xl": 1_557_611_200,
+             "pythia-1.4b": 1_414_647_808, "phi-3-mini-4k": 3_821_079_552, "qwen1.5-moe-a2.7b": 14_315_784_192}
 # A mixture of experts whose router reads its scores' values (JetMoE's top-k gating copies them to the host): the meta
 # device has none, so what it keeps for backward cannot be counted there
 UNCOUNTABLE = {"model_type": "jetmoe", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
