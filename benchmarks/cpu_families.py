@@ -46,10 +46,12 @@ def through_run_sh(path: str, out: Path) -> tuple[str, str, str]:
     """The report's model states row, its error row and the verdict."""
     done = subprocess.run(["bash", "run.sh", "--model", path], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "RESULTS": str(out)}, timeout=900)
-    rows = re.findall(r"^(model states|  predicted|  error) +(.*)$", done.stdout, re.M)
+    states = re.search(r"^model states +(\S+ \S+) +(\S+ \S+).*\n  predicted .*\n  error +(\S+) +(\S+)", done.stdout,
+                       re.M)
     verdict = re.search(r"^VERDICT: (.+)$", done.stdout, re.M)
-    table = {name.strip(): " ".join(value.split()[:2]) for name, value in rows}
-    return table.get("model states", "-"), table.get("error", "-"), verdict.group(1) if verdict else f"exit {done.returncode}"
+    if not states:
+        return "-", "-", verdict.group(1) if verdict else f"exit {done.returncode}"
+    return f"{states[1]}, {states[2]}", f"{states[3]}, {states[4]}", verdict.group(1) if verdict else "-"
 
 
 def main() -> None:

@@ -167,8 +167,7 @@ def nearest_rate(params: int) -> float:
     return min(PRESETS.values(), key=lambda s: abs(math.log(s.params / params))).lr
 
 
-@contextlib.contextmanager
-def meta_model(config: Any, dtype: Any = None) -> Iterator[Any]:
+def meta_model(config: Any, dtype: Any = None) -> Any:
     """The model as transformers builds it, on the meta device (no weights), in dtype, quiet."""
     import torch
     import transformers
@@ -179,19 +178,18 @@ def meta_model(config: Any, dtype: Any = None) -> Iterator[Any]:
     except Exception as e:  # noqa: BLE001 -- a family's constructor checks its own fields with its own errors
         raise BadInput(f"--model: transformers cannot build it: {type(e).__name__}: "
                        f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
-    yield model
+    return model
 
 
-def counted_tensors(model: Any, blocks: list[Any]) -> tuple[Tensors, bool]:
-    """The model's tensors, counted once each (a tied embedding is one), in the order its parameters come: one
-    block's, every tensor's in the two decay groups, and the root's; and whether its blocks are alike."""
+def counted_tensors(model: Any, blocks: list[Any]) -> Tensors:
+    """The model's tensors, counted once each (a tied embedding is one), in the order its parameters come: the
+    first block's, every tensor's in the two decay groups, and the root's."""
     one = [p.numel() for p in blocks[0].parameters()]
     block = (tuple(n for n, p in zip(one, blocks[0].parameters()) if p.dim() >= 2),
              tuple(n for n, p in zip(one, blocks[0].parameters()) if p.dim() < 2))
     every = list(model.parameters())
     groups = (tuple(p.numel() for p in every if p.dim() >= 2), tuple(p.numel() for p in every if p.dim() < 2))
-    alike = all([p.numel() for p in b.parameters()] == one for b in blocks)
-    return Tensors(block, groups, sum(map(sum, groups)) - len(blocks) * sum(one)), alike
+    return Tensors(block, groups, sum(map(sum, groups)) - len(blocks) * sum(one))
 
 
 def no_empty_tensor(model: Any) -> None:
@@ -291,25 +289,22 @@ def experts_of(config: Any, experts: int) -> int:
 def shape_of(config: Any) -> ModelShape:
     """The model's shape, read off its config and the model built on the meta device; what it keeps for backward
     not yet counted (counted_at)."""
-    context = getattr(config, "max_position_embeddings", None) or UNSET_CONTEXT  # hf.check_sizes: None or >= 1
-    with meta_model(config) as model:
-        no_empty_tensor(model)
-        blocks = decoder_layers(model, config.num_hidden_layers)
-        tensors, _ = counted_tensors(model, blocks)
-        attention, mlp = parts(blocks[0])
-        (kv, head), d = heads_of(config, attention), config.hidden_size
-        kind, inner, experts = mlp_of(mlp, d)
-        norm, vectors = norm_of(model, blocks)
-        parallel = saved.reads_apart(model, attention, mlp)
-        bias = any(getattr(m, "bias", None) is not None for b in blocks for m in b.modules()
-                   if getattr(getattr(m, "weight", None), "dim", lambda: 0)() >= 2)
-        return ModelShape(layers=config.num_hidden_layers, heads=config.num_attention_heads, d_model=d,
-                          vocab=config.vocab_size, context=context, lr=nearest_rate(sum(map(sum, tensors.groups))),
-                          kv_heads=kv, ffn=inner, mlp=kind, tied=model_is_tied(model), norm_kind=norm,
-                          positions=positions_of(model), bias=bias, vocab_multiple=1, tensors=tensors,
-                          head_dim=head, norm_vectors=vectors, parallel=parallel, experts=experts,
-                          top_k=experts_of(config, experts), window=window_of(config), dropout=dropout_of(model),
-                          saved=())
+    model = meta_model(config)
+    no_empty_tensor(model)
+    blocks = decoder_layers(model, config.num_hidden_layers)
+    tensors, (attention, mlp), d = counted_tensors(model, blocks), parts(blocks[0]), config.hidden_size
+    (kv, head), (kind, inner, experts), (norm, vectors) = heads_of(config, attention), mlp_of(mlp, d), norm_of(
+        model, blocks)
+    bias = any(getattr(m, "bias", None) is not None for b in blocks for m in b.modules()
+               if getattr(getattr(m, "weight", None), "dim", lambda: 0)() >= 2)
+    return ModelShape(layers=config.num_hidden_layers, heads=config.num_attention_heads, d_model=d,
+                      vocab=config.vocab_size, lr=nearest_rate(sum(map(sum, tensors.groups))),
+                      context=getattr(config, "max_position_embeddings", None) or UNSET_CONTEXT,  # check_sizes: >= 1
+                      kv_heads=kv, ffn=inner, mlp=kind, tied=model_is_tied(model), norm_kind=norm,
+                      positions=positions_of(model), bias=bias, vocab_multiple=1, tensors=tensors, head_dim=head,
+                      norm_vectors=vectors, parallel=saved.reads_apart(model, attention, mlp), experts=experts,
+                      top_k=experts_of(config, experts), window=window_of(config), dropout=dropout_of(model),
+                      saved=())
 
 
 def counted_at(config: Any, shape: ModelShape, seq: int, dtype: str, on_gpu: bool) -> ModelShape:
@@ -317,7 +312,8 @@ def counted_at(config: Any, shape: ModelShape, seq: int, dtype: str, on_gpu: boo
     (saved.counted); where its forward cannot run on the meta device, none, and why (not_counted)."""
     import torch
     width = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    with meta_model(config, width) as model, quiet():
+    model = meta_model(config, width)
+    with quiet():
         blocks = decoder_layers(model, config.num_hidden_layers)
         try:
             count = saved.counted(model, blocks, seq, dtype, on_gpu, lambda on: checkpointing(model, on))

@@ -51,14 +51,14 @@ def cuda_rule(q: torch.Tensor, mask: torch.Tensor | None, gqa: bool) -> str:
     return EFFICIENT if not gqa and head % 8 == 0 else MATH
 
 
-def asked(device: str, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, dropout: float, causal: bool,
-          gqa: bool) -> str:
+def asked(device: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float,
+          causal: bool, gqa: bool) -> str:
     """The kernel that PyTorch chooses on the device for these dtypes, heads and mask (torch._fused_sdp_choice),
     asked with one row of a few positions: the choice reads neither the rows nor the positions."""
     def small(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else torch.zeros((1, *t.shape[1:-2], 4, 4 if t is mask else t.shape[-1]),
                                                   dtype=t.dtype, device=device)
-    choice = torch._fused_sdp_choice(small(q), small(k), small(k), small(mask), dropout, causal, enable_gqa=gqa)
+    choice = torch._fused_sdp_choice(small(q), small(k), small(v), small(mask), dropout, causal, enable_gqa=gqa)
     kernel = BACKENDS.get(int(choice), MATH)
     return CPU_FLASH if device == "cpu" and kernel == FLASH else kernel
 
@@ -77,17 +77,17 @@ class Attention(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         return self.attend(*args, **(kwargs or {}))
 
-    def kernel(self, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, dropout: float, causal: bool,
-               gqa: bool) -> str:
-        if not self.on_gpu:
-            return asked("cpu", q, k, mask, dropout, causal, gqa)
-        return asked("cuda", q, k, mask, dropout, causal, gqa) if torch.cuda.is_available() else cuda_rule(q, mask, gqa)
+    def kernel(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float,
+               causal: bool, gqa: bool) -> str:
+        if self.on_gpu and not torch.cuda.is_available():
+            return cuda_rule(q, mask, gqa)
+        return asked("cuda" if self.on_gpu else "cpu", q, k, v, mask, dropout, causal, gqa)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
                dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
                enable_gqa: bool = False) -> torch.Tensor:
         gqa = enable_gqa and k.shape[-3] != q.shape[-3]
-        kernel = self.kernel(q, k, attn_mask, dropout_p, is_causal, gqa)
+        kernel = self.kernel(q, k, v, attn_mask, dropout_p, is_causal, gqa)
         self.used.add(kernel)
         mask = attn_mask
         if mask is not None and mask.dtype == torch.bool:
