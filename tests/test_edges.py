@@ -950,3 +950,11 @@ def test_the_small_preset_is_docs_running_mds_101m_parameters_on_a_byte_vocabula
 def test_the_1_3b_presets_rate_is_docs_training_recipe_mds_constant_5e_6():
     assert shapes.PRESETS["1.3b"].lr == 5e-6
     assert "A constant 5e-6 for `1.3b`" in (ROOT / "docs" / "training-recipe.md").read_text()
+
+
+def test_one_rank_holds_its_persistent_tensors_once_where_its_partition_stays_on_the_device():
+    """DeepSpeed gathers nothing on one rank: each tensor's data is its partition (_no_gather_coalesced), so a tiny
+    Llama whose every block matrix persists held 100% of its weights where 169.3% had been promised."""
+    assert predict.persistent_besides(1000, 1, memory.NO_OFFLOAD) == 0
+    assert predict.persistent_besides(1000, 1, {"optimizer": "cpu", "param": "cpu"}) == 1000  # copied to the GPU
+    assert predict.persistent_besides(1000, 2, memory.NO_OFFLOAD) == 1000

@@ -49,13 +49,13 @@ def test_the_counted_shape_is_the_built_models(family):
 FIELDS = {
     "llama": dict(mlp="gated", norm_kind="rmsnorm", norm_vectors=1, positions="rope", bias=False, tied=True,
                   kv_heads=2, head_dim=32, parallel=False, experts=0, window=None, dropout=0.0),
+    "gemma2": dict(window=32, tied=True, ffn=256, parallel=False),
     "gpt2": dict(mlp="plain", norm_kind="layernorm", norm_vectors=2, positions="learned", bias=True, tied=True,
                  kv_heads=4, parallel=False, dropout=0.1),
     "gpt-neox": dict(mlp="plain", positions="rope", bias=True, tied=False, parallel=True, dropout=0.1),
     "falcon": dict(mlp="plain", norm_kind="layernorm", bias=False, kv_heads=1, parallel=True, ffn=512),
     "mixtral": dict(mlp="gated", experts=4, top_k=2, ffn=224, tied=False),
     "qwen2-moe": dict(experts=8, top_k=2, ffn=64, bias=True),
-    "gemma2": dict(window=32, tied=True, ffn=256),
     "mistral": dict(window=4096, tied=False),
     "qwen2": dict(window=None, bias=True),
     "phi3": dict(mlp="gated", kv_heads=4, ffn=352),
@@ -66,8 +66,8 @@ FIELDS = {
 
 
 @pytest.mark.parametrize("family", FIELDS)
-def test_every_field_of_the_shape_is_read_off_the_config_and_the_built_modules(family):
-    shape, _ = inputs.chosen(CONFIGS[family])
+def test_every_field_of_the_shape_is_read_off_the_config_the_built_modules_and_the_counted_forward(family):
+    shape = inputs.counted(CONFIGS[family], 64, "bf16", False)
     assert {name: getattr(shape, name) for name in FIELDS[family]} == FIELDS[family]
 
 

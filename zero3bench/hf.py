@@ -293,8 +293,8 @@ def shape_of(config: Any) -> ModelShape:
     no_empty_tensor(model)
     blocks = decoder_layers(model, config.num_hidden_layers)
     tensors, (attention, mlp), d = counted_tensors(model, blocks), parts(blocks[0]), config.hidden_size
-    (kv, head), (kind, inner, experts), (norm, vectors) = heads_of(config, attention), mlp_of(mlp, d), norm_of(
-        model, blocks)
+    (kv, head), (kind, inner, experts) = heads_of(config, attention), mlp_of(mlp, d)
+    norm, vectors = norm_of(model, blocks)
     bias = any(getattr(m, "bias", None) is not None for b in blocks for m in b.modules()
                if getattr(getattr(m, "weight", None), "dim", lambda: 0)() >= 2)
     return ModelShape(layers=config.num_hidden_layers, heads=config.num_attention_heads, d_model=d,
@@ -302,24 +302,25 @@ def shape_of(config: Any) -> ModelShape:
                       context=getattr(config, "max_position_embeddings", None) or UNSET_CONTEXT,  # check_sizes: >= 1
                       kv_heads=kv, ffn=inner, mlp=kind, tied=model_is_tied(model), norm_kind=norm,
                       positions=positions_of(model), bias=bias, vocab_multiple=1, tensors=tensors, head_dim=head,
-                      norm_vectors=vectors, parallel=saved.reads_apart(model, attention, mlp), experts=experts,
-                      top_k=experts_of(config, experts), window=window_of(config), dropout=dropout_of(model),
-                      saved=())
+                      norm_vectors=vectors, experts=experts, top_k=experts_of(config, experts),
+                      window=window_of(config), dropout=dropout_of(model), saved=(), parallel=None)
 
 
 def counted_at(config: Any, shape: ModelShape, seq: int, dtype: str, on_gpu: bool) -> ModelShape:
-    """The shape with what its model keeps for backward counted at seq, in dtype, on a GPU or a CPU
-    (saved.counted); where its forward cannot run on the meta device, none, and why (not_counted)."""
+    """The shape with what its model keeps for backward counted at seq, in dtype, on a GPU or a CPU, and whether
+    its block is a parallel one, as the counted forward shows it (saved.counted); where that forward cannot run on
+    the meta device, neither, and why (not_counted)."""
     import torch
     width = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     model = meta_model(config, width)
     with quiet():
         blocks = decoder_layers(model, config.num_hidden_layers)
         try:
-            count = saved.counted(model, blocks, seq, dtype, on_gpu, lambda on: checkpointing(model, on))
+            count, parallel = saved.counted(model, blocks, seq, dtype, on_gpu, lambda on: checkpointing(model, on),
+                                            parts(blocks[0]))
         except saved.Uncountable as e:
             return replace(shape, saved=(), not_counted=str(e))
-    return replace(shape, saved=(*(shape.saved or ()), count), not_counted="")
+    return replace(shape, saved=(*(shape.saved or ()), count), not_counted="", parallel=parallel)
 
 
 def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: Any,

@@ -135,7 +135,7 @@ class Forward(TorchDispatchMode):
         self.on_gpu, self.region, self.made, self.values = on_gpu, BEFORE, {}, WeakTensorKeyDictionary()
         self.held: set[int] = set()  # the storages that the forward is given (weights, buffers, token ids)
         self.modules: list[str] = []  # the modules whose forward runs, innermost last
-        self.tainted: set[int] = set()  # storages made from what a marked module returned (reads_apart)
+        self.tainted: set[int] = set()  # storages made from what a marked module returned (watching)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -213,63 +213,64 @@ def logits_of(model: Any, micro_batch: int, seq: int, forward: Forward) -> torch
         return model(input_ids=meta, use_cache=False).logits
 
 
-def forward_kept(model: Any, layers: list[Any], micro_batch: int, seq: int, on_gpu: bool) -> dict[str, Any]:
-    """One forward: what it keeps by region, in bytes (BEFORE, AFTER, each block's), its logits' bytes and the
-    attention kernels it ran."""
+@contextlib.contextmanager
+def watching(forward: Forward, attention: Any, mlp: Any) -> Iterator[list[bool]]:
+    """For each call of a block's MLP, whether it reads what the block's attention returned, as a sequential block's
+    does, where a parallel block's (GPT-NeoX's use_parallel_residual, Falcon's) reads an input made without it: what
+    attention returns marked, and every storage made from a marked one (Forward.tainted)."""
+    reads: list[bool] = []
+    hooks = [] if attention is None or mlp is None else [
+        attention.register_forward_hook(
+            lambda _m, _a, out: forward.tainted.update(t.untyped_storage()._cdata for t in tensors_in(out))),
+        mlp.register_forward_pre_hook(lambda _m, args: reads.append(
+            any(t.untyped_storage()._cdata in forward.tainted for t in tensors_in(args))))]
+    try:
+        yield reads
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def forward_kept(model: Any, layers: list[Any], micro_batch: int, seq: int, on_gpu: bool,
+                 block: tuple[Any, Any]) -> dict[str, Any]:
+    """One forward: what it keeps by region, in bytes (BEFORE, AFTER, each block's), its logits' bytes, the
+    attention kernels it ran, and whether block's (attention, MLP) is a parallel one (watching; None where it has
+    no attention module or MLP)."""
     forward, attention = Forward(on_gpu), Attention(on_gpu)
-    with meta_forward(model, layers, forward), attention:
+    with meta_forward(model, layers, forward), attention, watching(forward, *block) as reads:
         logits = logits_of(model, micro_batch, seq, forward)
     out = logits.untyped_storage()
     kept: dict[int, int] = {}
     for storage, region in forward.alive():
         if storage._cdata != out._cdata:
             kept[region] = kept.get(region, 0) + storage.nbytes()
-    return {"kept": kept, "logits": out.nbytes(), "attention": attention.used}
-
-
-def reads_apart(model: Any, attention: Any, mlp: Any) -> bool:
-    """Whether a block's MLP reads an input made without its attention's output (a parallel block: GPT-NeoX's
-    use_parallel_residual, Falcon's): a forward of 4 tokens on the meta device, what attention returns marked. False
-    where the block has no attention module or MLP, or its forward cannot run there."""
-    if attention is None or mlp is None:
-        return False
-    forward, reads = Forward(), []
-    hooks = [attention.register_forward_hook(
-                 lambda _m, _a, out: forward.tainted.update(t.untyped_storage()._cdata for t in tensors_in(out))),
-             mlp.register_forward_pre_hook(lambda _m, args: reads.append(
-                 any(t.untyped_storage()._cdata in forward.tainted for t in tensors_in(args))))]
-    try:
-        with meta_forward(model, [], forward), Attention(on_gpu=False):
-            logits_of(model, 1, 4, forward)
-    except Uncountable:
-        return False
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return bool(reads) and not reads[0]
+    return {"kept": kept, "logits": out.nbytes(), "attention": attention.used,
+            "parallel": not reads[0] if reads else None}
 
 
 def kept_at(model: Any, layers: list[Any], micro_batch: int, seq: int, on_gpu: bool,
-            checkpointing: Callable[[bool], None]) -> tuple[Kept, set[str]]:
-    """What the model keeps for backward at one micro batch: a forward without checkpointing, then one with."""
-    plain = forward_kept(model, layers, micro_batch, seq, on_gpu)
+            checkpointing: Callable[[bool], None], block: tuple[Any, Any]) -> tuple[Kept, dict[str, Any]]:
+    """What the model keeps for backward at one micro batch: a forward without checkpointing (whose kernels and
+    block it returns too), then one with."""
+    plain = forward_kept(model, layers, micro_batch, seq, on_gpu, block)
     checkpointing(True)
     try:
-        checkpointed = forward_kept(model, layers, micro_batch, seq, on_gpu)
+        checkpointed = forward_kept(model, layers, micro_batch, seq, on_gpu, (None, None))
     finally:
         checkpointing(False)
     blocks = [plain["kept"].get(i, 0) for i in range(len(layers))]
     return Kept(total=sum(plain["kept"].values()), checkpointed=sum(checkpointed["kept"].values()),
                 head=plain["kept"].get(AFTER, 0), first_block=blocks[0], most_block=max(blocks),
-                logits=plain["logits"]), plain["attention"]
+                logits=plain["logits"]), plain
 
 
-def counted(model: Any, layers: list[Any], seq: int, dtype: str, on_gpu: bool,
-            checkpointing: Callable[[bool], None]) -> Saved:
+def counted(model: Any, layers: list[Any], seq: int, dtype: str, on_gpu: bool, checkpointing: Callable[[bool], None],
+            block: tuple[Any, Any]) -> tuple[Saved, bool | None]:
     """What a model built on the meta device in dtype keeps for backward at seq, on a GPU or a CPU, at micro
-    batches 1 and 2 (shapes.Saved); Uncountable where its forward cannot run there."""
+    batches 1 and 2 (shapes.Saved), and whether its first block, block's (attention, MLP), is a parallel one
+    (watching); Uncountable where its forward cannot run there."""
     model.train()
-    one, kernels = kept_at(model, layers, 1, seq, on_gpu, checkpointing)
-    two, _ = kept_at(model, layers, 2, seq, on_gpu, checkpointing)
-    attention = ", ".join(sorted(kernels)) or model.config._attn_implementation
-    return Saved(seq=seq, dtype=dtype, on_gpu=on_gpu, attention=attention, one=one, two=two)
+    one, seen = kept_at(model, layers, 1, seq, on_gpu, checkpointing, block)
+    two, _ = kept_at(model, layers, 2, seq, on_gpu, checkpointing, block)
+    attention = ", ".join(sorted(seen["attention"])) or model.config._attn_implementation
+    return Saved(seq=seq, dtype=dtype, on_gpu=on_gpu, attention=attention, one=one, two=two), seen["parallel"]

@@ -75,7 +75,8 @@ class ModelShape:
     tensors: Tensors | None = None  # the tensors as counted, where the fields above do not say them
     head_dim: int | None = None  # one head's width; None: d_model / heads
     norm_vectors: int | None = None  # one norm's vectors: 2 (weight, bias), 1 (weight), 0; None: as norm_kind has
-    parallel: bool = False  # attention and the MLP read the same input, their sum added to it (GPT-NeoX, Falcon)
+    parallel: bool | None = False  # attention and the MLP read the same input, their outputs added to it (GPT-NeoX,
+    # Falcon), as a Hugging Face model's counted forward shows it (zero3bench/saved.py); None until it runs
     experts: int = 0  # the MLP's experts (0: one dense MLP), of which each token is routed to top_k
     top_k: int = 0
     window: int | None = None  # the tokens that a sliding window of attention sees, where some layers have one
