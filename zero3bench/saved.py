@@ -53,12 +53,11 @@ def cuda_rule(q: torch.Tensor, mask: torch.Tensor | None, gqa: bool) -> str:
 
 def asked(device: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float,
           causal: bool, gqa: bool) -> str:
-    """The kernel that PyTorch chooses on the device for these dtypes, heads and mask (torch._fused_sdp_choice),
-    asked with one row of a few positions: the choice reads neither the rows nor the positions."""
-    def small(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else torch.zeros((1, *t.shape[1:-2], 4, 4 if t is mask else t.shape[-1]),
-                                                  dtype=t.dtype, device=device)
-    choice = torch._fused_sdp_choice(small(q), small(k), small(v), small(mask), dropout, causal, enable_gqa=gqa)
+    """The kernel that PyTorch chooses on the device for these dtypes, heads, positions and mask
+    (torch._fused_sdp_choice), asked with one row of each: the choice does not read the rows."""
+    def row(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else torch.zeros((1, *t.shape[1:]), dtype=t.dtype, device=device)
+    choice = torch._fused_sdp_choice(row(q), row(k), row(v), row(mask), dropout, causal, enable_gqa=gqa)
     kernel = BACKENDS.get(int(choice), MATH)
     return CPU_FLASH if device == "cpu" and kernel == FLASH else kernel
 

@@ -186,9 +186,9 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
 
 
 def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, float | None]:
-    """The activations' most when backward starts, the last block's, and all the blocks' when their backward starts
-    (activations.py): what the model was counted to keep, or a described block's arithmetic; none without a shape, and
-    not predicted (None) where what the model keeps was not counted at the run's settings (activations.missing)."""
+    """The activations' most when backward starts, the last block's, and all the blocks' when their backward starts:
+    what the model was counted to keep (counted_bytes), or a described block's arithmetic (below); none without a
+    shape, and not predicted (None) where what the model keeps was not counted at the run's settings (missing)."""
     if shape is None:
         return {"activations": 0, "last_block": 0, "blocks": 0}
     micro_batch, seq, checkpoint = run.micro_batch or 0, run.seq or 0, bool(run.checkpoint)
@@ -203,7 +203,7 @@ def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, flo
             "blocks": blocks_backward_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash)}
 
 
-# The activations
+# The activations of a block that the shape's fields describe (model.py's), and of a model counted to keep them
 
 # The values of the MLP's inner width per token that one block keeps: GELU's input and mlp.proj's input; or the gated
 # MLP's gate and up outputs, SiLU's output and down's input (the product)

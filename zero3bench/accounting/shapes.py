@@ -57,7 +57,7 @@ class ModelShape:
     GELU MLP of 4 x d_model, LayerNorms, learned positions, biases everywhere and the embedding tied to the output
     layer; a model that differs says so in its fields (zero3bench/hf.py reads them off a Hugging Face config and the
     model it builds), which the accounting reads where they matter. The activations of a block described by these
-    fields are accounting/activations.py's arithmetic; a Hugging Face model's are counted (saved)."""
+    fields are accounting/memory.py's arithmetic; a Hugging Face model's are counted (saved)."""
     layers: int
     heads: int
     d_model: int  # the hidden size
