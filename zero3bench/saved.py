@@ -135,6 +135,15 @@ class Forward(TorchDispatchMode):
         self.held: set[int] = set()  # the storages that the forward is given (weights, buffers, token ids)
         self.modules: list[str] = []  # the modules whose forward runs, innermost last
         self.tainted: set[int] = set()  # storages made from what a marked module returned (watching)
+        # what autograd saves, held here as well: a storage that only C++ holds (a custom autograd Function's saved
+        # input, PhiMoE's router) may lose its Python object, and with it the weak reference, while it lives
+        self.saved: dict[int, torch.UntypedStorage] = {}
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """saved_tensors_hooks' pack: the tensor as it is, its storage noted."""
+        storage = tensor.untyped_storage()
+        self.saved[storage._cdata] = storage
+        return tensor
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -180,7 +189,9 @@ class Forward(TorchDispatchMode):
         return self.modules[-1] if self.modules else "the model"
 
     def alive(self) -> list[tuple[torch.UntypedStorage, int]]:
-        return [(s, made.region) for made in self.made.values() if (s := made.storage()) is not None]
+        """Each storage that the forward made and that lives: weakly held, or saved for backward."""
+        return [(s, made.region) for key, made in self.made.items()
+                if (s := made.storage() or self.saved.get(key)) is not None]
 
 
 @contextlib.contextmanager
@@ -192,7 +203,8 @@ def meta_forward(model: Any, layers: list[Any], forward: Forward) -> Iterator[No
                   lambda m, _: forward.modules.append(type(m).__name__)),
               torch.nn.modules.module.register_module_forward_hook(lambda *_: forward.modules.pop() and None)]
     try:
-        yield
+        with torch.autograd.graph.saved_tensors_hooks(forward.pack, lambda tensor: tensor):
+            yield
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as e:
         raise Uncountable(f"{forward.where()} cannot run on the meta device ({type(e).__name__}: "
                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''})") from None
