@@ -120,16 +120,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def hf_shape(model: str) -> ModelShape:
-    """A Hugging Face config's shape (zero3bench/hf.py), which transformers counts on the meta device."""
+def hf_shape(model: str, seq: int | None) -> ModelShape:
+    """A Hugging Face config's shape (zero3bench/hf.py), at seq, else its context up to train_gpt.py's default,
+    with what it keeps for backward counted there on the meta device, for a GPU in cluster.DTYPE."""
     from zero3bench import hf
+    from zero3bench.accounting.memory import missing
     path = hf.config_path(model)
     if path is None:
         raise BadInput(f"--model {model} is a preset: give it as --preset")
     config = hf.transformers_config(hf.read_config(path), path)
     shape = hf.shape_of(config)
-    if not shape.activations_known:  # a plan's rows are its peaks
-        raise BadInput(f"--model {model}: {hf.why_not_predicted(config)}, so no peak can be planned")
+    seq = seq or min(shape.context, DEFAULT_SEQ)
+    shape = hf.counted_at(config, replace(shape, context=seq), seq, cluster.DTYPE, on_gpu=True)
+    absent = missing(shape, cluster.DTYPE, shape.context, True)
+    if absent:  # a plan's rows are its peaks
+        raise BadInput(f"--model {model}: its activations are not predicted, so no peak can be planned: {absent}")
     return shape
 
 
@@ -153,8 +158,7 @@ def resolve_model(args: argparse.Namespace) -> Model:
     elif args.model:
         if args.preset or args.params:
             raise BadInput("give --model, --preset or --params, one of them")
-        shape, name = hf_shape(args.model), args.model
-        shape = replace(shape, context=args.seq or min(shape.context, DEFAULT_SEQ))
+        shape, name = hf_shape(args.model, args.seq), args.model
     elif args.params and not args.preset:
         return Model("params", round(args.params))
     else:

@@ -26,7 +26,7 @@ from deepspeed import comm as dist
 
 from zero3bench import compat, exits, finishing, fsdp2, hf, machine, options, parts, rank_lines, result, stages
 from zero3bench import timeline
-from zero3bench.inputs import chosen, prediction_line, resolve
+from zero3bench.inputs import chosen, prediction_line, resolve, shape_for
 from zero3bench.accounting import comms, hostpass, measure
 from zero3bench.accounting.shapes import PRESETS, as_record
 from zero3bench.formatting import START, log, phase, size
@@ -210,9 +210,10 @@ def build_model(run, config, device):
             model = GPT(shape, checkpoint=run.checkpoint)
         by, attention, record = "model.py", hf.ATTENTION, None
     else:
+        record = as_record(shape_for(run))  # counted on the meta device, before transformers enters zero.Init
         inner, kept = hf.build(hf_config, DTYPES[run.dtype], config if zero3 else None, device, run.checkpoint)
         model = HuggingFace(inner, shape, hf.layer_class(inner), kept)
-        by, attention, record = hf.built_by(), inner.config._attn_implementation, as_record(shape)
+        by, attention = hf.built_by(), inner.config._attn_implementation
     torch.set_default_dtype(torch.float32)
     built = parts.Built(by=by, architecture=type(getattr(model, "hf", model)).__name__,
                         partitioned="zero.Init" if zero3 else None, attention=attention,
@@ -386,8 +387,7 @@ def main(argv=None):
         end_as(r, e)
     Stop.phase = "done"
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    zero = config.get("zero_optimization", {})
-    finishing.finish(r, chosen(run.model)[0], zero, measure.memory_snapshot(device))
+    finishing.finish(r, shape_for(run), measure.memory_snapshot(device))
     if r.host_pass is None and not (r.error or r.interrupted_by):  # its host memory is no part of the run's peaks
         r.host_pass = hostpass.probe(device, DTYPES[run.dtype], hostpass.partition_of(r.shards.params_total, world))
     publish(r)

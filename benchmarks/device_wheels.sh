@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The wheels that a device call carries for the Hugging Face runs (benchmarks/h200_hf.sh) and the README's test
-# command (benchmarks/h200_suite.sh): the working tree (41 MiB) and ../shared/device/make_wheels.sh's wheels with
-# transformers and accelerate (32 MiB) pass the 64 MiB a call carries. So transformers' models are cut to those
-# that the runs and tests build or name (about 20 MiB in all). Every dependency stays: the test command's pip
+# The wheels that a device call carries for the Hugging Face runs (benchmarks/h200_hf.sh, h200_families.sh) and the
+# README's test command (benchmarks/h200_suite.sh): the working tree (41 MiB) and ../shared/device/make_wheels.sh's
+# wheels with transformers and accelerate (32 MiB) pass the 64 MiB a call carries. So transformers' models are cut
+# to those that the runs and tests build or name (about 20 MiB in all). Every dependency stays: the test command's pip
 # resolves the dependencies of what is installed, and the device has no network.
 #   bash benchmarks/device_wheels.sh      then run(..., carry=[".whl"]) with "source .whl/device-setup.sh && ..."
 set -euo pipefail
@@ -12,7 +12,8 @@ EXTRA="$pins" bash ../shared/device/make_wheels.sh > /dev/null
 python3 - .whl/transformers-*.whl <<'PY'
 import re, sys, zipfile
 from pathlib import Path
-KEEP = {"auto", "llama", "qwen2", "mistral", "gpt_neox", "gpt2", "bloom", "bert", "vit"}  # configs/, tests/
+KEEP = {"auto", "llama", "qwen2", "mistral", "gpt_neox", "gpt2", "bloom", "bert", "vit", "gemma2", "phi3", "olmo2",
+        "granite", "qwen2_moe", "mixtral", "falcon", "starcoder2", "jetmoe"}  # configs/, tests/
 wheel = Path(sys.argv[1])
 dropped = re.compile(r"transformers/models/(?!(?:%s)/)[^/]+/" % "|".join(KEEP))
 source = zipfile.ZipFile(wheel)

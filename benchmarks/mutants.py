@@ -58,8 +58,6 @@ TARGETS = {
     "zero3bench.accounting.predict": ACCOUNTING + ["tests/test_plan.py"],
     "zero3bench.accounting.moments": ACCOUNTING,
     "zero3bench.accounting.memory": ACCOUNTING + ["tests/test_plan.py"],
-    "zero3bench.accounting.activations": ACCOUNTING,
-    "zero3bench.accounting.coordinator": ACCOUNTING,
     "zero3bench.accounting.host": ACCOUNTING,
     "zero3bench.accounting.shapes": ACCOUNTING + ["tests/test_plan.py"],
     "zero3bench.accounting.timing": PLAN,

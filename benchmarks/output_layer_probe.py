@@ -2,7 +2,7 @@
 What the layers above the blocks hold at their most in backward (issue 33): model.py's GPT.loss (the final LayerNorm,
 the tied output layer and the chunked fp32 cross-entropy) on one CUDA device, its weights frozen, so that only its
 input's gradient is made, as the blocks' backward starts with. For each case, the most allocated over what the GPU held
-before the input was made, as one JSON line, beside activations.output_layer_bytes.
+before the input was made, as one JSON line, beside memory.output_layer_bytes.
     python3 benchmarks/output_layer_probe.py > OUT/output_layer.jsonl
 """
 import dataclasses
@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import model  # noqa: E402
-from zero3bench.accounting import activations, predict, shapes  # noqa: E402
+from zero3bench.accounting import memory, predict, shapes  # noqa: E402
 
 # (preset, micro batch, dtype): 350m and 1.3b (d_model 1024 and 2048), 1024 tokens a row
 CASES = [(preset, micro_batch, dtype) for preset in ("350m", "1.3b") for micro_batch in (1, 2, 16)
@@ -43,7 +43,7 @@ def main() -> None:
         print(json.dumps({"preset": preset, "micro_batch": micro_batch, "dtype": dtype, "tokens": tokens,
                           "d_model": shape.d_model, "padded_vocab": shape.padded_vocab, "chunk": shapes.LOSS_CHUNK,
                           "measured_bytes": measured_bytes(preset, micro_batch, dtype),
-                          "predicted_bytes": activations.output_layer_bytes(shape, predict.WIDTH[dtype], tokens,
+                          "predicted_bytes": memory.output_layer_bytes(shape, predict.WIDTH[dtype], tokens,
                                                                         shapes.LOSS_CHUNK)}), flush=True)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from zero3bench import explain, finishing, machine, options, parts, result, stages
 import train_gpt as t
-from zero3bench.accounting import activations, coordinator, host, measure, moments, predict, shapes
+from zero3bench.accounting import host, measure, memory, moments, predict, shapes
 from zero3bench.accounting.memory import NO_OFFLOAD, Counts, Seat, rank_memory
 from zero3bench.reporting import theory
 from conftest import facts, record
@@ -131,7 +131,7 @@ def test_without_gpus_device_and_host_are_one_memory():
 
 def test_stage_0_counts_its_gradients_at_backwards_end_and_at_the_step_not_at_its_start():
     r = predicted(rank(0, world=1, other=123))  # the census's other tensors are predicted, not read back
-    last_block = activations.block_activation_bytes(t.PRESETS["1.3b"], 2, 2048, 1024, True)
+    last_block = memory.block_activation_bytes(t.PRESETS["1.3b"], 2, 2048, 1024, True)
     assert r.predicted.transient == 4 * PSI
     assert r.predicted.peak == 14 * PSI + predict.WORKSPACE_BYTES + max(
         r.predicted.activations, 2 * PSI + last_block, 2 * PSI + 4 * PSI)
@@ -201,10 +201,10 @@ def test_checkpointing_keeps_far_fewer_activations_and_fp32_doubles_them():
     shape = t.PRESETS["1.3b"]
 
     def saved(dtype="bf16", checkpoint=False):
-        return activations.activation_bytes(shape, dtype, 2, 1024, checkpoint, True, shapes.LOSS_CHUNK)
+        return memory.activation_bytes(shape, dtype, 2, 1024, checkpoint, True, shapes.LOSS_CHUNK)
 
     def output(width):  # ln_f, the logits and their gradient, one chunk of the loss in fp32
-        return activations.output_layer_bytes(shape, width, 2048, shapes.LOSS_CHUNK)
+        return memory.output_layer_bytes(shape, width, 2048, shapes.LOSS_CHUNK)
     full, checkpointed = saved(), saved(checkpoint=True)
     assert (checkpointed - output(2)) < (full - output(2)) / 8
     # all but the LayerNorms' statistics and flash's logsumexp, which are fp32 in either
@@ -217,7 +217,7 @@ def test_the_output_layers_backward_holds_what_its_formula_counts_on_an_h200():
     case)."""
     lines = (LOGS / "h200" / "31-suite" / "probe" / "output_layer.jsonl").read_text().splitlines()
     for case in map(json.loads, lines):
-        predicted = activations.output_layer_bytes(t.PRESETS[case["preset"]], predict.WIDTH[case["dtype"]],
+        predicted = memory.output_layer_bytes(t.PRESETS[case["preset"]], predict.WIDTH[case["dtype"]],
                                                case["tokens"], case["chunk"])
         assert predicted == pytest.approx(case["measured_bytes"], rel=0.02), case
     assert len(lines) == 12
@@ -239,7 +239,7 @@ def test_a_block_saves_what_the_activation_formula_counts():
     weights = {p.untyped_storage().data_ptr() for p in block.parameters()}
     counted = sum(n for ptr, n in saved.items() if ptr not in weights)
     tokens = 2 * shape.context
-    assert counted == activations.block_activation_bytes(shape, 2, tokens, shape.context, True) - 8 * tokens
+    assert counted == memory.block_activation_bytes(shape, 2, tokens, shape.context, True) - 8 * tokens
 
 
 def test_the_loss_taken_in_chunks_equals_the_cross_entropy_of_all_logits():
@@ -420,7 +420,7 @@ def test_a_runs_peaks_are_the_largest_of_its_steps_and_of_its_start():
               "host_peak_rss_bytes": 30 * i} for i in (1, 2, 3)]
     start = {"peak_mem_bytes": 5, "peak_reserved_bytes": 100, "host_peak_rss_bytes": 40}
     r = record(**facts(0, world=1), steps=steps, memory_at_start=start)
-    finishing.finish(r, t.PRESETS["1.3b"], {}, parts.MemorySnapshot(peak_mem_bytes=0))
+    finishing.finish(r, t.PRESETS["1.3b"], parts.MemorySnapshot(peak_mem_bytes=0))
     assert (r.peaks.peak_mem_bytes, r.peaks.peak_reserved_bytes, r.peaks.host_peak_rss_bytes) == (30, 100, 90)
 
 
@@ -700,7 +700,7 @@ def test_the_coordinator_fetches_and_releases_as_deepspeeds_own_until_the_losss_
     for name, p in probes.items():
         d_model = round((p["block"] / 12) ** 0.5)
         shape = shapes.ModelShape(p["layers"], 4, d_model, p["vocab"], p["root"] // d_model - p["vocab"], 0)
-        rows = coordinator.fetched_until_backward(shape, p["zero"], "--no-checkpoint" not in p.get("flags", []))
+        rows = moments.fetched_until_backward(shape, p["zero"], "--no-checkpoint" not in p.get("flags", []))
         assert [row[:2] for row in p["rows"][len(rows) - 2:len(rows)]] == [["release", "GPT"], ["fetch", "GPT"]]
         assert rows == [row[2] for row in p["rows"][:len(rows)]], name
 
@@ -708,7 +708,7 @@ def test_the_coordinator_fetches_and_releases_as_deepspeeds_own_until_the_losss_
 def test_at_the_offload_configs_settings_the_losss_backward_finds_the_embedding_and_5_blocks_fetched():
     shape, zero = t.PRESETS["1.3b"], json.loads(INFINITY.read_text())["zero_optimization"]
     for checkpoint in (True, False):
-        assert coordinator.fetched_at_backward_start(shape, zero, checkpoint) == shape.embedding + 5 * 12 * 2048**2
+        assert moments.fetched_at_backward_start(shape, zero, checkpoint) == shape.embedding + 5 * 12 * 2048**2
 
 
 def test_one_rank_that_copies_its_weights_in_holds_what_the_coordinator_fetched_at_backwards_start():
@@ -967,12 +967,12 @@ def test_the_rank_that_holds_the_most_is_among_the_telling_ranks(model, stage, w
     def peak(rank):
         return rank_memory(run(stage, micro_batch=2, seq=1024, checkpoint=True), shape, Counts.of_shape(shape), zero,
                            Seat(world, rank)).peak
-    telling = predict.telling_ranks(stage, "deepspeed", world, shape.params, shape, NO_OFFLOAD)
+    telling = memory.telling_ranks(stage, "deepspeed", world, shape.params, shape, NO_OFFLOAD)
     assert max(map(peak, telling)) == max(map(peak, range(world)))
 
 
 def test_where_every_rank_holds_alike_rank_0_stands_for_them_and_elsewhere_a_few_ranks_for_many():
     shape = t.PRESETS["1.3b"]
-    assert len(predict.telling_ranks(1, "deepspeed", 2**20, shape.params, shape, NO_OFFLOAD)) < 1000
-    assert predict.telling_ranks(3, "deepspeed", 2**20, shape.params, shape, NO_OFFLOAD) == [0]
-    assert predict.telling_ranks(1, "deepspeed", 8, shape.params, shape, {"optimizer": "cpu", "param": None}) == [0]
+    assert len(memory.telling_ranks(1, "deepspeed", 2**20, shape.params, shape, NO_OFFLOAD)) < 1000
+    assert memory.telling_ranks(3, "deepspeed", 2**20, shape.params, shape, NO_OFFLOAD) == [0]
+    assert memory.telling_ranks(1, "deepspeed", 8, shape.params, shape, {"optimizer": "cpu", "param": None}) == [0]

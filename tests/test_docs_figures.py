@@ -968,38 +968,6 @@ DOCS = [
     Figure("It cost stage 3 {} of its tokens/s and stage 0 {}.", RECIPE_2GPUS, "", page=RECIPE, read=checkpoint_cost),
 ]
 
-HF_RUNS = sorted(p.parent for folder in ("39-hf", "41-hf-rest")
-                 for p in (ROOT / LOGS / "h200" / folder).glob("**/summary.json"))
-HF_NAMES = {"llama-3.2-1b": "Llama 3.2 1B", "qwen2.5-1.5b": "Qwen2.5 1.5B",
-            "benchmarks/models/mistral-7b-v0.1-4layers.json": "Mistral 7B, 4 of its 32 layers"}
-
-
-def largest_miss(results: dict) -> str:
-    """Today's predicted peak against the most allocated in a step, the largest miss over the run's records."""
-    misses = [0.0]
-    for records in results.values():
-        for d in records:
-            r = result.RankResult.from_dict(d)
-            finishing.add_predictions(r, result.shape_of(r), r.zero_config or {})
-            misses.append(r.predicted.peak / max(s.memory.peak_mem_bytes for s in r.steps) - 1)
-    return f"{round(max(misses, key=abs), 3) or 0.0:+.1%}"
-
-
-def hf_row(folder) -> str:
-    """docs/hugging-face.md's row for a run: its model, ranks and checkpointing from its record, each stage's peak
-    and the verdict as today's report.py prints them, and today's prediction's largest miss."""
-    results = json.loads((folder / "summary.json").read_text())["results"]
-    r = next(iter(results.values()))[0]
-    out = subprocess.run([sys.executable, "report.py", str(folder)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120).stdout
-    peaks = re.findall(r"([\d.]+) GiB", re.search(r"^peak memory +(.*)$", out, re.M).group(1))
-    by_stage = ", ".join(f"{name.removeprefix('stage')}: {peak}" for name, peak in zip(results, peaks))
-    ranks = f"{r['world_size']} rehearsed" if r["rehearsal"] else str(r["world_size"])
-    verdict = re.search(r"^VERDICT: (.+)$", out, re.M).group(1)
-    return (f"| {HF_NAMES[r['model']]} | {ranks} | {'on' if r['checkpoint'] else 'off'} | {by_stage} | "
-            f"{largest_miss(results)} | {verdict} |")
-
-
 # Numbers of the README's prose that no run made: the specification's, the code's settings, names and citations.
 NOT_FROM_A_RUN = {
     "1.3B", "1.3b", "2.7b", "6.7b",  # the presets' names
@@ -1160,10 +1128,16 @@ def prose_numbers(text: str) -> list[str]:
 
 
 def test_the_hugging_face_table_holds_a_row_for_each_committed_run_made_from_its_log():
+    """benchmarks/hf_peaks.py's rows, one for each committed results folder of a Hugging Face model on GPUs: 39-hf's
+    and 41-hf-rest's 11, and whatever is committed after them."""
+    pytest.importorskip("transformers", reason="the runs recorded before issue 56 are counted again from their config")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import hf_peaks
     page = (ROOT / "docs/hugging-face.md").read_text()
-    table = [line for line in page.splitlines() if line.startswith("| ") and line.endswith(" |")][1:]
-    assert len(HF_RUNS) == 11
-    assert sorted(table) == sorted(map(hf_row, HF_RUNS))
+    table = [line for line in page.splitlines() if line.startswith("| ") and line.endswith(" |")]
+    folders = hf_peaks.hf_folders()
+    assert len(folders) >= 11
+    assert table == hf_peaks.HEADER[:1] + [hf_peaks.row(folder)[0] for folder in folders]
 
 
 def test_every_number_of_the_readme_is_a_figure_or_named_as_no_run():

@@ -10,7 +10,7 @@ import pytest
 
 import plan
 from zero3bench import options, stages
-from zero3bench.accounting import activations, coordinator, host, memory, moments, predict, shapes, timing, traffic
+from zero3bench.accounting import host, memory, moments, predict, shapes, timing, traffic
 from zero3bench.options import BadInput
 from zero3bench.parts import Census, MemorySnapshot, Predicted, Shards, Step
 from zero3bench.planning import cluster, folders, inputs, steptime
@@ -80,8 +80,8 @@ def test_equal_memory_is_told_as_1_00x_less():
 
 
 def test_flash_attention_runs_on_a_gpu_in_16_bits_only():
-    assert activations.uses_flash(True, "bf16") and activations.uses_flash(True, "fp16")
-    assert not activations.uses_flash(False, "bf16") and not activations.uses_flash(True, "fp32")
+    assert memory.uses_flash(True, "bf16") and memory.uses_flash(True, "fp16")
+    assert not memory.uses_flash(False, "bf16") and not memory.uses_flash(True, "fp32")
 
 
 def test_at_stage_1_a_tensor_no_larger_than_the_bucket_is_not_reduced_on_its_own():
@@ -294,7 +294,7 @@ def test_a_reserve_and_context_that_fill_the_gpu_exactly_are_refused():
 
 def test_a_preset_named_as_a_hugging_face_model_is_refused():
     with pytest.raises(BadInput, match="--model tiny is a preset: give it as --preset"):
-        plan.hf_shape("tiny")
+        plan.hf_shape("tiny", None)
 
 
 def test_an_mfu_of_exactly_what_checkpointings_recomputed_forward_leaves_is_planned():
@@ -457,21 +457,21 @@ def test_stage_0s_reduction_bucket_passes_500m_elements_by_at_most_a_blocks_qkv_
 
 def test_a_block_keeps_16_values_of_d_model_a_token_and_flash_attentions_logsumexp():
     tokens = 256
-    assert activations.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * (TINY_PER_TOKEN + 4 * 4)
+    assert memory.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * (TINY_PER_TOKEN + 4 * 4)
 
 
 def test_a_block_without_flash_attention_keeps_its_softmax_too():
     tokens, seq = 512, 256
     softmax = 2 * 4 * seq * tokens  # bf16, one value per score of each head
-    assert activations.block_activation_bytes(TINY, 2, tokens, seq, False) == tokens * TINY_PER_TOKEN + softmax
+    assert memory.block_activation_bytes(TINY, 2, tokens, seq, False) == tokens * TINY_PER_TOKEN + softmax
 
 
 def test_checkpointed_blocks_keep_each_blocks_input_and_the_last_block_recomputed():
     tokens = 256  # micro batch 1
     block = tokens * (TINY_PER_TOKEN + 4 * 4)  # flash
     inputs_ = 2 * 2 * tokens * 128  # 2 layers' inputs, bf16
-    assert activations.blocks_backward_bytes(TINY, "bf16", 1, 256, True, True) == inputs_ + block
-    assert activations.blocks_backward_bytes(TINY, "bf16", 1, 256, False, True) == 2 * block
+    assert memory.blocks_backward_bytes(TINY, "bf16", 1, 256, True, True) == inputs_ + block
+    assert memory.blocks_backward_bytes(TINY, "bf16", 1, 256, False, True) == 2 * block
 
 
 def test_stage_3s_first_reduction_in_backward_counts_with_the_weights_gathered():
@@ -539,14 +539,14 @@ def test_at_stage_1_a_partition_as_large_as_the_gradients_moved_before_it_adds_n
 
 
 def test_one_rank_is_the_only_telling_rank():
-    assert predict.telling_ranks(1, "deepspeed", 1, TINY.params, TINY, memory.NO_OFFLOAD) == [0]
+    assert memory.telling_ranks(1, "deepspeed", 1, TINY.params, TINY, memory.NO_OFFLOAD) == [0]
 
 
 def test_the_last_rank_is_a_telling_rank_though_it_holds_only_the_groups_padding():
     """tiny's two groups, 458,752 and 3,584 elements, in partitions of 460 and 4 elements on 1000 ranks (each padded
     to 2 elements a rank): their last elements fall in ranks 997 and 895, and rank 999 holds padding alone."""
     assert [sum(group) for group in TINY.decay_groups] == [458_752, 3_584]
-    assert max(predict.telling_ranks(1, "deepspeed", 1000, TINY.params, TINY, memory.NO_OFFLOAD)) == 999
+    assert max(memory.telling_ranks(1, "deepspeed", 1000, TINY.params, TINY, memory.NO_OFFLOAD)) == 999
 
 
 def test_rehearsed_ranks_regather_the_whole_model_at_the_step_and_one_rank_regathers_nothing():
@@ -566,8 +566,8 @@ def test_without_a_shape_stage_3_gathers_the_module_and_the_prefetch_bucket_and_
     """Without a shape the layers and the output layer are unknown: the weights that autograd keeps are not counted."""
     run = options.run_from({"stage": 3, "dtype": "bf16", "checkpoint": False})
     zero = {"stage3_prefetch_bucket_size": 50, "memory_efficient_linear": False}
-    fetched = memory.fetched_weights(run, None, memory.Counts(params=10_000, block=100, root=10), zero, 2, True)
-    assert (fetched["gathered"], fetched["saved_weights"]) == (2 * (100 + 50), 0)
+    m = memory.rank_memory(run, None, memory.Counts(params=10_000, block=100, root=10), zero, memory.Seat(2))
+    assert (m.gathered, m.saved_weights) == (2 * (100 + 50), 0)
 
 
 ROPE_TINY = dataclasses.replace(TINY, positions="rope")  # tiny's blocks with no position embedding; heads of 32
@@ -576,48 +576,48 @@ ROPE_PER_TOKEN = 2 * 2 * 32  # bf16 cos and sin, one head's width each
 
 def test_the_activations_when_backward_starts_hold_rotary_positions_cos_and_sin_once():
     tokens = 256
-    rope = activations.activation_bytes(ROPE_TINY, "bf16", 1, tokens, False, True, 256)
-    assert rope - activations.activation_bytes(TINY, "bf16", 1, tokens, False, True, 256) == tokens * ROPE_PER_TOKEN
+    rope = memory.activation_bytes(ROPE_TINY, "bf16", 1, tokens, False, True, 256)
+    assert rope - memory.activation_bytes(TINY, "bf16", 1, tokens, False, True, 256) == tokens * ROPE_PER_TOKEN
 
 
 def test_a_recomputed_block_keeps_rotary_positions_cos_and_sin():
     tokens = 256
-    rope = activations.blocks_backward_bytes(ROPE_TINY, "bf16", 1, tokens, True, True)
-    assert rope - activations.blocks_backward_bytes(TINY, "bf16", 1, tokens, True, True) == tokens * ROPE_PER_TOKEN
+    rope = memory.blocks_backward_bytes(ROPE_TINY, "bf16", 1, tokens, True, True)
+    assert rope - memory.blocks_backward_bytes(TINY, "bf16", 1, tokens, True, True) == tokens * ROPE_PER_TOKEN
 
 
 
 def test_every_blocks_saved_tensors_hold_rotary_positions_cos_and_sin_once_for_all_blocks():
     """Each block's attention saves the same cos and sin by reference: one copy, whatever the layers (2 here)."""
     tokens = 256
-    rope = activations.blocks_backward_bytes(ROPE_TINY, "bf16", 1, tokens, False, True)
-    assert rope - activations.blocks_backward_bytes(TINY, "bf16", 1, tokens, False, True) == tokens * ROPE_PER_TOKEN
+    rope = memory.blocks_backward_bytes(ROPE_TINY, "bf16", 1, tokens, False, True)
+    assert rope - memory.blocks_backward_bytes(TINY, "bf16", 1, tokens, False, True) == tokens * ROPE_PER_TOKEN
 
 
 RMS_TINY = dataclasses.replace(TINY, norm_kind="rmsnorm")
 
 
 def test_an_rmsnorm_saves_its_input_in_fp32_its_rstd_and_its_normalised_input():
-    assert activations.norm_bytes(RMS_TINY, 2) == 4 * 128 + 4 + 2 * 128
+    assert memory.norm_bytes(RMS_TINY, 2) == 4 * 128 + 4 + 2 * 128
 
 
 def test_the_final_rmsnorm_saves_what_norm_bytes_says_besides_the_output_layers_input():
     """A LayerNorm's input alone (bf16, 128 values) against an RMSNorm's 772 bytes a token."""
     tokens = 256
-    rms = activations.output_layer_bytes(RMS_TINY, 2, tokens, 256)
-    assert rms - activations.output_layer_bytes(TINY, 2, tokens, 256) == tokens * (772 - 2 * 128)
+    rms = memory.output_layer_bytes(RMS_TINY, 2, tokens, 256)
+    assert rms - memory.output_layer_bytes(TINY, 2, tokens, 256) == tokens * (772 - 2 * 128)
 
 
 def test_a_gated_mlp_keeps_four_values_of_its_inner_width_a_token_where_gelus_keeps_two():
     tokens = 256
-    gated = activations.block_activation_bytes(dataclasses.replace(TINY, mlp="gated"), 2, tokens, 256, True)
-    assert gated - activations.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * 2 * (4 - 2) * 512
+    gated = memory.block_activation_bytes(dataclasses.replace(TINY, mlp="gated"), 2, tokens, 256, True)
+    assert gated - memory.block_activation_bytes(TINY, 2, tokens, 256, True) == tokens * 2 * (4 - 2) * 512
 
 
 def test_stage_3_fetches_only_the_tensors_above_the_persistence_threshold():
     """partition_parameters.py persists a tensor of `ds_numel <= param_persistence_threshold` elements. At 128:
     tiny's block fetches its four matrices and qkv's and the MLP's first biases; its norms and other biases persist."""
-    forward, _ = coordinator.fetch_order(TINY, {"stage3_param_persistence_threshold": 128}, False)
+    forward, _ = moments.fetch_order(TINY, {"stage3_param_persistence_threshold": 128}, False)
     block = [n for _, n in forward[3]]
     assert block == [3 * 128**2, 128**2, 4 * 128**2, 4 * 128**2, 3 * 128, 4 * 128]
 
@@ -628,7 +628,7 @@ def test_a_released_tensor_used_again_within_the_reuse_distance_stays_fetched():
     order = [[("a", 10)], [("b", 10)], [("a", 10)]]
 
     def after_release(reuse):
-        c = coordinator.Coordinator(order, {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 0,
+        c = moments.Coordinator(order, {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 0,
                                             "stage3_max_reuse_distance": reuse})
         c.fetch()
         c.release(0)
@@ -692,7 +692,7 @@ def test_the_telling_ranks_are_those_where_a_tensor_starts_or_ends_and_the_first
             expected |= {r for r in range(world) if r * part <= start < (r + 1) * part
                          or r * part <= start + n - 1 < (r + 1) * part}
             start += n
-    assert predict.telling_ranks(1, "deepspeed", world, shape.params, shape, memory.NO_OFFLOAD) == sorted(expected)
+    assert memory.telling_ranks(1, "deepspeed", world, shape.params, shape, memory.NO_OFFLOAD) == sorted(expected)
 
 
 def test_a_record_without_a_shape_predicts_no_activations_and_nothing_of_blocks_or_an_output_layer():
@@ -705,10 +705,49 @@ def test_a_record_without_a_shape_predicts_no_activations_and_nothing_of_blocks_
                                                                   "blocks": 0}
 
 
-def test_a_block_that_activations_py_does_not_know_has_its_activations_not_predicted():
-    unknown = dataclasses.replace(TINY, activations_known=False)
+def test_a_model_whose_forward_could_not_be_counted_has_its_activations_not_predicted_and_says_why():
+    unknown = dataclasses.replace(TINY, saved=(), not_counted="XGate cannot run on the meta device")
     assert memory.activations(bf16(3, micro_batch=2, seq=64), unknown, memory.Seat(2)) == {
         "activations": None, "logits": 0, "last_block": 0, "blocks": 0}
+    assert memory.missing(unknown, "bf16", 64, True) == "XGate cannot run on the meta device"
+
+
+KEPT = shapes.Kept(total=1000, checkpointed=300, head=100, first_block=200, most_block=250, logits=64 * 8 * 2)
+COUNTED = dataclasses.replace(TINY, vocab=8, vocab_multiple=1, saved=(shapes.Saved(
+    seq=64, dtype="bf16", on_gpu=True, attention="flash", one=KEPT,
+    two=shapes.Kept(*(2 * n + 1 for n in dataclasses.astuple(KEPT)))),))
+
+
+def test_a_count_at_micro_batches_1_and_2_gives_any_micro_batch_each_row_alike_and_the_shared_once():
+    assert memory.kept_at(COUNTED, "bf16", 3, 64, True).total == 1000 + 2 * 1001
+
+
+def test_a_count_at_other_settings_than_the_runs_predicts_nothing_and_names_where_it_was_made():
+    assert memory.activations(bf16(3, micro_batch=2, seq=128), COUNTED, memory.Seat(2))["activations"] is None
+    assert memory.missing(COUNTED, "fp32", 128, True) == (
+        "what its layers keep for backward was counted at seq 64 in bf16 on a GPU, not at seq 128 in fp32 on a GPU")
+
+
+def test_what_a_model_was_counted_to_keep_and_the_losss_backward_are_its_activations_at_backwards_start():
+    """64 tokens of 8 logits in bf16: the logits and the chunks' gradients (2 x 1024 bytes), the last chunk's 10 more
+    bytes a logit; with checkpointing, a recomputed block instead where it holds more than the loss less the head."""
+    loss = 2 * 1024 + 10 * 64 * 8
+    assert memory.counted_bytes(KEPT, False, 64, 8, 256) == {"activations": 1000 + loss, "logits": 100 + loss,
+                                                                  "last_block": 200, "blocks": 900}
+    assert memory.counted_bytes(KEPT, True, 64, 8, 256)["activations"] == 300 + max(loss, 250 - 100)
+    assert memory.counted_bytes(KEPT, True, 64, 8, 256)["blocks"] == 300 - 100 + 250
+
+
+def test_a_record_from_before_the_count_is_read_as_the_llama_layer_its_fields_describe_or_as_not_counted():
+    old = {**shapes.as_record(TINY), "activations_known": True}
+    del old["saved"], old["not_counted"]
+    assert shapes.from_record(old).saved is None
+    unknown = shapes.from_record({**old, "activations_known": False})
+    assert unknown.saved == () and "older than the count" in unknown.not_counted
+
+
+def test_a_counted_shape_reads_back_from_its_record_as_it_was():
+    assert shapes.from_record(shapes.as_record(COUNTED)) == COUNTED
 
 
 def test_without_a_shape_stage_0s_reduction_bucket_passes_500m_elements_by_nothing():
@@ -740,7 +779,7 @@ def test_a_prefetch_takes_whole_tensors_while_it_has_fewer_elements_than_its_buc
     """partitioned_param_coordinator.py prefetches while `numel_prefetching < max_params_to_prefetch`: with a
     bucket of 11, b's 10 leave it one short, so c comes too."""
     order = [[("a", 10)], [("b", 10)], [("c", 10)]]
-    c = coordinator.Coordinator(order, {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 11,
+    c = moments.Coordinator(order, {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 11,
                                         "stage3_max_reuse_distance": 0})
     c.fetch()
     assert c.fetched == {"a", "b", "c"}
@@ -749,7 +788,7 @@ def test_a_prefetch_takes_whole_tensors_while_it_has_fewer_elements_than_its_buc
 def test_without_a_reuse_distance_a_tensor_used_again_by_the_next_module_is_released():
     """partitioned_param_coordinator.py keeps a tensor whose use the prefetch queued past only where that use comes
     after the next module (`__most_recent_step_id_param_fetched_for[param] > step_id`)."""
-    c = coordinator.Coordinator([[("a", 10)], [("a", 10)]], {
+    c = moments.Coordinator([[("a", 10)], [("a", 10)]], {
         "stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 100, "stage3_max_reuse_distance": 0})
     c.fetch()
     c.release(0)
@@ -757,11 +796,11 @@ def test_without_a_reuse_distance_a_tensor_used_again_by_the_next_module_is_rele
 
 
 def test_with_checkpointing_backward_fetches_each_block_twice_for_its_backward_and_its_recomputed_forward():
-    forward, backward = coordinator.fetch_order(TINY, {}, True)
+    forward, backward = moments.fetch_order(TINY, {}, True)
     blocks = forward[3:3 + TINY.layers]  # after the root, the embedding and the positions
     assert backward == [[], forward[-1], forward[-2], blocks[1], blocks[1], blocks[0], blocks[0], forward[2],
                         forward[1]]
-    assert coordinator.fetch_order(TINY, {}, False)[1][3:5] == [blocks[1], blocks[0]]
+    assert moments.fetch_order(TINY, {}, False)[1][3:5] == [blocks[1], blocks[0]]
 
 
 def test_a_partition_that_fills_its_sub_groups_exactly_has_no_empty_last_one():
@@ -951,13 +990,13 @@ def test_the_optimizer_steps_moment_holds_the_gradient_norms_copies_where_they_a
 
 
 def test_a_loss_over_fewer_tokens_than_a_chunk_is_one_chunk_of_those_tokens():
-    assert activations.output_layer_bytes(TINY, 2, 100, 256) == activations.output_layer_bytes(TINY, 2, 100, 100)
+    assert memory.output_layer_bytes(TINY, 2, 100, 256) == memory.output_layer_bytes(TINY, 2, 100, 100)
 
 
 def test_two_rows_without_flash_attention_hold_twice_one_rows_activations():
     """Each row's attention keeps its own softmax, seq x seq a head: the micro batch multiplies it, and no row
     attends to another's tokens."""
-    one, two = (activations.activation_bytes(TINY, "bf16", rows, 64, False, False, 1024) for rows in (1, 2))
+    one, two = (memory.activation_bytes(TINY, "bf16", rows, 64, False, False, 1024) for rows in (1, 2))
     assert two == 2 * one
 
 
@@ -979,7 +1018,7 @@ def test_a_gelu_block_with_fewer_key_heads_than_query_heads_keeps_q_k_and_v_apar
 def test_backward_fetches_the_modules_in_forwards_reverse_order_after_the_root():
     """With no tensor persisting, every module fetches: the output layer (the embedding, tied), the final norm, the
     blocks from the last, the positions and the embedding."""
-    forward, backward = coordinator.fetch_order(TINY, {"stage3_param_persistence_threshold": 0}, checkpoint=False)
+    forward, backward = moments.fetch_order(TINY, {"stage3_param_persistence_threshold": 0}, checkpoint=False)
     assert backward == [[], *reversed(forward[1:])] and forward[-2] == [("norm.0", 128), ("norm.1", 128)]
 
 
@@ -1013,8 +1052,10 @@ def test_fsdp2_holds_its_root_gathered_and_keeps_it_out_of_backwards_all_gather(
 
 
 def test_each_setups_rows_scale_against_its_own_fewest_gpus():
-    model, i = tiny_planned("--stages", "0", "3", "--gpus", "8", "64")
-    rows = cluster.plan(model, i, {}, None).rows
+    args = plan.parse_args(["--preset", "tiny", "--stages", "0", "3", "--gpus", "8", "64"])
+    model = plan.resolve_model(args)
+    settled = plan.settle(args, model)
+    rows = cluster.plan(model, settled.inputs, {}, None, settled.host).rows
     firsts = {r.setup: r for r in reversed(rows)}
     assert [r.scaling for r in firsts.values()] == [cluster.Modes(1.0, 1.0)] * 2
     assert rows[0].tokens_per_s_per_gpu != rows[2].tokens_per_s_per_gpu
@@ -1048,3 +1089,11 @@ def test_a_plan_that_cannot_be_written_says_so_on_standard_error_and_exits_6(mon
     assert exited.value.code == 6
     assert capsys.readouterr().err == ("plan.py: error: cannot write the plan to standard output: No space left on "
                                        "device\n")
+
+
+def test_one_rank_holds_its_persistent_tensors_once_where_its_partition_stays_on_the_device():
+    """DeepSpeed gathers nothing on one rank: each tensor's data is its partition (_no_gather_coalesced), so a tiny
+    Llama whose every block matrix persists held 100% of its weights where 169.3% had been promised."""
+    assert predict.persistent_besides(1000, 1, memory.NO_OFFLOAD) == 0
+    assert predict.persistent_besides(1000, 1, {"optimizer": "cpu", "param": "cpu"}) == 1000  # copied to the GPU
+    assert predict.persistent_besides(1000, 2, memory.NO_OFFLOAD) == 1000

@@ -1,5 +1,5 @@
 """A record that the prediction could not judge: a GPU rank of a model whose peak is not predicted (a family that
-accounting.activations does not cover), and a pair in which stage 0 did not finish beside stage 3. Nothing that reads
+the prediction does not cover), and a pair in which stage 0 did not finish beside stage 3. Nothing that reads
 a record crashes, and no criterion passes on a comparison that it did not make (issue 62)."""
 import json
 import subprocess

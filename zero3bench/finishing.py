@@ -7,7 +7,7 @@ from typing import Any
 
 from zero3bench import explain, parts
 from zero3bench.accounting import predict
-from zero3bench.accounting.memory import Counts, Seat, rank_memory
+from zero3bench.accounting.memory import Counts, Seat, offload_of, rank_memory
 from zero3bench.accounting.shapes import ModelShape
 from zero3bench.result import RankResult, most
 
@@ -31,11 +31,16 @@ def partition(r: RankResult) -> float:
     return predict.shard_elems(r.run.stage, r.shards.params_total, r.shards.local_param_elems, r.world_size)
 
 
+def persistent(r: RankResult) -> int:
+    """The elements that this rank's stage 3 keeps whole besides its shards (predict.persistent_besides)."""
+    return predict.persistent_besides(r.shards.persistent_elems or 0, r.world_size, offload_of(r.run))
+
+
 def counted(r: RankResult, shape: ModelShape) -> Counts:
     """What the rank counted of the model's parameters: the shape's blocks, its own partition and largest tensor."""
     c = r.shards
     return Counts(c.params_total, c.largest_param_elems, shape.block_params, shape.root_params, partition(r),
-                  c.persistent_elems)
+                  persistent(r))
 
 
 def add_predictions(r: RankResult, shape: ModelShape, zero: dict[str, Any]) -> None:
@@ -57,7 +62,7 @@ def add_shares(r: RankResult) -> None:
     the prediction also holds what DeepSpeed keeps beyond them."""
     run, c = r.run, r.shards
     whole = predict.model_states(run.stage, run.dtype, c.params_total, c.params_total, engine=run.engine)
-    paper = predict.model_states(run.stage, run.dtype, c.params_total, partition(r), c.persistent_elems, run.engine)
+    paper = predict.model_states(run.stage, run.dtype, c.params_total, partition(r), persistent(r), run.engine)
     r.held_fraction = predict.shares(held_bytes(r), whole)
     r.promised_fraction = predict.shares(paper, whole)
     straddling = 2 * c.largest_param_elems / c.params_total
@@ -65,9 +70,10 @@ def add_shares(r: RankResult) -> None:
                                                      PARTITION_TOLERANCE)
 
 
-def finish(r: RankResult, shape: ModelShape, zero: dict[str, Any], memory_now: parts.MemorySnapshot) -> None:
+def finish(r: RankResult, shape: ModelShape, memory_now: parts.MemorySnapshot) -> None:
     """Complete a rank's result once it has run: its peaks, and where it counted its model states, the
-    predictions and shares they are judged against. zero is the config's zero_optimization section;
+    predictions and shares they are judged against, at the zero_optimization section as DeepSpeed read it (its own
+    defaults where no DeepSpeed engine read one: FSDP2's, as tests/test_accounting.py predicts the committed records);
     memory_now the memory snapshot at the end."""
     taken = [memory_now, *([r.memory_at_start] if r.memory_at_start else [])]
     snapshots = [*taken, *(s.memory for s in r.steps if s.memory)]
@@ -76,6 +82,6 @@ def finish(r: RankResult, shape: ModelShape, zero: dict[str, Any], memory_now: p
                                    host_peak_rss_bytes=most(s.host_peak_rss_bytes for s in snapshots),
                                    device_total_bytes=memory_now.device_total_bytes)
     if r.model_state_breakdown:
-        add_predictions(r, shape, r.zero_config or zero)  # as DeepSpeed read it, where it did
+        add_predictions(r, shape, r.zero_config or {})
         add_shares(r)
         r.differences = explain.differences(r, held_bytes(r))

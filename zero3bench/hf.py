@@ -1,25 +1,28 @@
 """
 A Hugging Face causal language model from its config (--model PATH): the config read and checked before anything
-starts (one line where it cannot be used), its shape counted on the meta device, without weights
-(accounting.shapes.ModelShape, which the accounting and plan.py read), and the model built by transformers as it
-builds one under ZeRO-3: from_config, with HfDeepSpeedConfig alive, so that zero.Init partitions each parameter as
-its module is built. transformers and accelerate (which HfDeepSpeedConfig needs) are imported here alone, and only
-for such a model: the GPT runs without them.
+starts (one line where it cannot be used); its shape (accounting.shapes.ModelShape, which the accounting and plan.py
+read) read off the config and the model that transformers builds on the meta device, without weights, every field
+from what they say, never from the family's name, and what it keeps for backward counted there (zero3bench/saved.py);
+and the model built by transformers as it builds one under ZeRO-3: from_config, with HfDeepSpeedConfig alive, so that
+zero.Init partitions each parameter as its module is built. transformers and accelerate (which HfDeepSpeedConfig
+needs) are imported here alone, and only for such a model: the GPT runs without them.
 """
+import collections
+import contextlib
 import json
 import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from zero3bench import saved
 from zero3bench.accounting.shapes import PRESETS, ModelShape, Tensors
 from zero3bench.options import BadInput
 
 BUNDLED = Path(__file__).resolve().parent.parent / "configs" / "models"  # --model NAME: configs/models/NAME.json
 INSTALL = "pip install -r requirements-hf.txt"
-# The families whose decoder layer is Llama's (RMSNorms, attention with grouped keys and values and rotary positions,
-# a gated SiLU MLP): predict.py's block of saved tensors is theirs, as tests/test_hf.py counts it on each. Another
-# family's activations are not predicted, nor its peak.
-LLAMA_LAYER = ("llama", "mistral", "qwen2")
 ATTENTION = "sdpa"  # PyTorch's scaled_dot_product_attention: flash kernels on a GPU in 16 bits, as model.py's GPT
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "WithLMHead")
 
@@ -55,6 +58,12 @@ def read_config(path: Path) -> dict[str, Any]:
         raise BadInput(f"{where}: needs code from the model's folder (auto_map), which this benchmark never runs")
     if not isinstance(d.get("model_type"), str):
         raise BadInput(f"{where}: no model_type: not a Hugging Face model config")
+    if d.get("quantization_config"):
+        # from_config builds the model unquantized: its training here would be another model's, 2 to 4 times larger
+        method = d["quantization_config"].get("quant_method", "") if isinstance(d["quantization_config"], dict) else ""
+        raise BadInput(f"{where}: a quantized model's config (quantization_config{f': {method}' if method else ''}), "
+                       "which this benchmark would train unquantized in 16 or 32 bits: remove quantization_config to "
+                       "measure the unquantized model")
     return d
 
 
@@ -73,13 +82,29 @@ def transformers_config(d: dict[str, Any], path: Path) -> Any:
             or d.get("is_encoder_decoder")):
         raise BadInput(f"{where}: model_type {kind!r} is not a decoder-only causal language model")
     try:
-        config = transformers.AutoConfig.for_model(**d)
+        with quiet():
+            config = transformers.AutoConfig.for_model(**d)
     except Exception as e:  # noqa: BLE001 -- a config's own validators raise their own kinds (huggingface_hub's)
         # the cause is on the last line of a validator's message
         raise BadInput(f"{where}: transformers cannot read it: {str(e).strip().splitlines()[-1].strip()}") from None
     check_sizes(config, where)
     config.use_cache = False  # training: no key/value cache
     return config
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """transformers' own warnings and log lines off while a config is read and a model built on the meta device, so
+    that a refusal is one line and a count says nothing."""
+    import transformers
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        transformers.logging.set_verbosity(level)
 
 
 def importable(path: Path) -> Any:
@@ -92,9 +117,12 @@ def importable(path: Path) -> Any:
 
 
 def check_sizes(config: Any, where: str) -> None:
+    """The sizes that every causal language model has, and those that some have where they are set (transformers
+    builds 0 or a negative one, or fails on it in an op of its own)."""
     sizes = {name: getattr(config, name, None) for name in
              ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")}
-    for name, value in sizes.items():
+    optional = {name: getattr(config, name, None) for name in ("head_dim", "max_position_embeddings")}
+    for name, value in {**sizes, **{k: v for k, v in optional.items() if v is not None}}.items():
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise BadInput(f"{where}: {name} must be a whole number of at least 1, not {value!r}")
     heads = sizes["num_attention_heads"]
@@ -103,19 +131,6 @@ def check_sizes(config: Any, where: str) -> None:
         raise BadInput(f"{where}: {heads} attention heads do not divide hidden_size {sizes['hidden_size']}")
     if not isinstance(kv, int) or kv < 1 or heads % kv:
         raise BadInput(f"{where}: num_key_value_heads {kv!r} does not divide {heads} attention heads")
-
-
-def counted_tensors(model: Any, layers: int) -> tuple[Tensors, bool]:
-    """The model's tensors, counted once each (a tied embedding is one), in the order its parameters come: one
-    block's, every tensor's in the two decay groups, and the root's; and whether its blocks are alike."""
-    blocks = decoder_layers(model, layers)
-    one = [p.numel() for p in blocks[0].parameters()]
-    block = (tuple(n for n, p in zip(one, blocks[0].parameters()) if p.dim() >= 2),
-             tuple(n for n, p in zip(one, blocks[0].parameters()) if p.dim() < 2))
-    every = list(model.parameters())
-    groups = (tuple(p.numel() for p in every if p.dim() >= 2), tuple(p.numel() for p in every if p.dim() < 2))
-    alike = all([p.numel() for p in b.parameters()] == one for b in blocks)
-    return Tensors(block, groups, sum(map(sum, groups)) - layers * sum(one)), alike
 
 
 def decoder_layers(model: Any, layers: int) -> list[Any]:
@@ -132,11 +147,6 @@ def layer_class(model: Any) -> type:
     return type(decoder_layers(model, model.config.num_hidden_layers)[0])
 
 
-def nearest_rate(params: int) -> float:
-    """The learning rate of the GPT preset nearest in parameters, on a log scale (shapes.PRESETS says why each)."""
-    return min(PRESETS.values(), key=lambda s: abs(math.log(s.params / params))).lr
-
-
 def attention(config: Any) -> str:
     """ATTENTION where the family implements it, else transformers' own ("eager"; Bloom and MPT, say)."""
     from transformers.models.auto import modeling_auto
@@ -144,45 +154,173 @@ def attention(config: Any) -> str:
                                 False) else "eager"
 
 
-def shape_of(config: Any) -> ModelShape:
-    """The model's shape, its tensors counted on the meta device: no weights are made."""
-    import torch
-    import transformers
-    try:
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention(config))
-    except Exception as e:  # noqa: BLE001 -- a family's constructor checks its own fields with its own errors
-        raise BadInput(f"--model: transformers cannot build it: {type(e).__name__}: "
-                       f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
-    d, heads = config.hidden_size, config.num_attention_heads
-    tensors, alike = counted_tensors(model, config.num_hidden_layers)
-    head = getattr(config, "head_dim", None) or d // heads
-    known = (config.model_type in LLAMA_LAYER and alike and head * heads == d
-             and getattr(config, "hidden_act", "silu") == "silu" and not drops_out(config))
-    params = sum(map(sum, tensors.groups))
-    return ModelShape(layers=config.num_hidden_layers, heads=heads, d_model=d, vocab=config.vocab_size,
-                      context=getattr(config, "max_position_embeddings", None) or 2048, lr=nearest_rate(params),
-                      kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                      ffn=getattr(config, "intermediate_size", None), mlp="gated", tied=model_is_tied(model),
-                      norm_kind="rmsnorm", positions="rope", bias=False, vocab_multiple=1, tensors=tensors,
-                      activations_known=known)
-
-
-def drops_out(config: Any) -> bool:
-    """Whether any dropout of the config is on: its masks are activations that activations.py does not count."""
-    return any(isinstance(v, (int, float)) and v > 0 for k, v in config.to_dict().items() if "dropout" in k)
-
-
-def why_not_predicted(config: Any) -> str:
-    """Why a model whose shape_of says its activations are not known has none predicted, in words."""
-    if config.model_type in LLAMA_LAYER and drops_out(config):
-        return "its dropout is on, whose masks the activations do not count"
-    return f"its family's activations are not predicted (those of {', '.join(LLAMA_LAYER)} are)"
-
-
 def model_is_tied(model: Any) -> bool:
     out = model.get_output_embeddings()
     return out is not None and out.weight is model.get_input_embeddings().weight
+
+
+UNSET_CONTEXT = 2048  # the default run's sequence where a config names no context (ALiBi's Bloom, MPT)
+
+
+def nearest_rate(params: int) -> float:
+    """The learning rate of the GPT preset nearest in parameters, on a log scale (shapes.PRESETS says why each)."""
+    return min(PRESETS.values(), key=lambda s: abs(math.log(s.params / params))).lr
+
+
+def meta_model(config: Any, dtype: Any = None) -> Any:
+    """The model as transformers builds it, on the meta device (no weights), in dtype, quiet."""
+    import torch
+    import transformers
+    try:
+        with quiet(), torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                                  attn_implementation=attention(config))
+    except Exception as e:  # noqa: BLE001 -- a family's constructor checks its own fields with its own errors
+        raise BadInput(f"--model: transformers cannot build it: {type(e).__name__}: "
+                       f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from None
+    return model
+
+
+def counted_tensors(model: Any, blocks: list[Any]) -> Tensors:
+    """The model's tensors, counted once each (a tied embedding is one), in the order its parameters come: the
+    first block's, every tensor's in the two decay groups, and the root's."""
+    one = [p.numel() for p in blocks[0].parameters()]
+    block = (tuple(n for n, p in zip(one, blocks[0].parameters()) if p.dim() >= 2),
+             tuple(n for n, p in zip(one, blocks[0].parameters()) if p.dim() < 2))
+    every = list(model.parameters())
+    groups = (tuple(p.numel() for p in every if p.dim() >= 2), tuple(p.numel() for p in every if p.dim() < 2))
+    return Tensors(block, groups, sum(map(sum, groups)) - len(blocks) * sum(one))
+
+
+def no_empty_tensor(model: Any) -> None:
+    """A size of 0 (an MLP width, a head's, experts) builds tensors of no elements, which train nothing."""
+    for name, p in model.named_parameters():
+        if p.numel() == 0:
+            raise BadInput(f"--model: transformers builds {name} of shape {list(p.shape)}, no elements: a size of "
+                           "the config is 0")
+
+
+def parts(block: Any) -> tuple[Any, Any]:
+    """A block's attention (its child module whose class transformers names ...Attention) and its MLP (its largest
+    other child), either None where there is none."""
+    children = list(block.children())
+    attention = next((m for m in children if type(m).__name__.endswith("Attention")), None)
+    others = [m for m in children if m is not attention]
+    mlp = max(others, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+    return attention, mlp
+
+
+def heads_of(config: Any, attention: Any) -> tuple[int, int]:
+    """Key/value heads and one head's width, as the attention module holds them (transformers' attributes), else as
+    the config says."""
+    heads = config.num_attention_heads
+    groups = getattr(attention, "num_key_value_groups", None)
+    kv = heads // groups if groups else (getattr(attention, "num_kv_heads", None)
+                                        or getattr(config, "num_key_value_heads", None) or heads)
+    head = (getattr(attention, "head_dim", None) or getattr(attention, "head_size", None)
+            or getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return kv, head
+
+
+def mlp_of(mlp: Any, d: int) -> tuple[str, int | None, int]:
+    """The MLP's kind, inner width and experts, from its matrices: each has the model's width on one side and an
+    inner width on the other (an expert's, where they are stacked in 3-D tensors, whose first size is the experts).
+    Gated, where one inner width has three matrices (gate, up, down), or one twice another (gate and up fused)."""
+    matrices = [tuple(p.shape) for p in (mlp.parameters() if mlp is not None else []) if p.dim() >= 2]
+    stacked = [s for s in matrices if len(s) == 3 and d in s[1:]]
+    widths = collections.Counter((s[-1] if s[-2] == d else s[-2]) for s in (stacked or matrices))
+    gated = any(n >= 3 or 2 * w in widths for w, n in widths.items())
+    inner = min((w for w, n in widths.items() if n >= 2 or 2 * w in widths), default=None)
+    return ("gated" if gated else "plain"), inner, (stacked[0][0] if stacked else 0)
+
+
+def norm_of(model: Any, blocks: list[Any]) -> tuple[str, int]:
+    """The final norm's kind and its vectors: the module outside the blocks whose class names a norm."""
+    inside = {id(m) for b in blocks for m in b.modules()}
+    norms = [m for m in model.modules() if id(m) not in inside and type(m).__name__.endswith("Norm")]
+    if not norms:
+        return "layernorm", 0
+    final = norms[-1]
+    kind = "rmsnorm" if "RMS" in type(final).__name__.upper() else "layernorm"
+    return kind, sum(1 for _ in final.parameters(recurse=False))
+
+
+def positions_of(model: Any) -> str:
+    """Learned (an embedding besides the tokens'), rotary (a module that makes them) or none (ALiBi's biases)."""
+    tokens = model.get_input_embeddings()
+    embeddings = [m for m in model.modules() if type(m).__name__.endswith("Embedding") and m is not tokens
+                  and any(True for _ in m.parameters(recurse=False))]
+    if embeddings:
+        return "learned"
+    return "rope" if any("Rotary" in type(m).__name__ for m in model.modules()) else "none"
+
+
+def dropout_of(model: Any) -> float:
+    """The largest dropout that training applies: the Dropout modules', and attention's own probability."""
+    found = [getattr(m, "p", 0.0) for m in model.modules() if type(m).__name__ == "Dropout"]
+    found += [v for m in model.modules() if type(m).__name__.endswith("Attention")
+              for k, v in vars(m).items() if k in ("attention_dropout", "attn_pdrop", "dropout")
+              and isinstance(v, float)]
+    return max(found, default=0.0)
+
+
+def window_of(config: Any) -> int | None:
+    """The sliding window, where some layer has one: the config's, unless it is switched off or no layer type
+    slides."""
+    window, types = getattr(config, "sliding_window", None), getattr(config, "layer_types", None)
+    if not isinstance(window, int) or getattr(config, "use_sliding_window", True) is False:
+        return None
+    if types is not None and "sliding_attention" not in types:
+        return None
+    if window < 1:
+        raise BadInput(f"--model: sliding_window {window}: a window of attention sees at least 1 token")
+    return window
+
+
+def experts_of(config: Any, experts: int) -> int:
+    """The experts each token is routed to (num_experts_per_tok), checked against the experts built."""
+    top_k = getattr(config, "num_experts_per_tok", None) or 0
+    if experts and not 1 <= top_k <= experts:
+        raise BadInput(f"--model: num_experts_per_tok {top_k!r} routes each token to none or more than the "
+                       f"{experts} experts")
+    return top_k if experts else 0
+
+
+def shape_of(config: Any) -> ModelShape:
+    """The model's shape, read off its config and the model built on the meta device; what it keeps for backward
+    not yet counted (counted_at)."""
+    model = meta_model(config)
+    no_empty_tensor(model)
+    blocks = decoder_layers(model, config.num_hidden_layers)
+    tensors, (attention, mlp), d = counted_tensors(model, blocks), parts(blocks[0]), config.hidden_size
+    (kv, head), (kind, inner, experts) = heads_of(config, attention), mlp_of(mlp, d)
+    norm, vectors = norm_of(model, blocks)
+    bias = any(getattr(m, "bias", None) is not None for b in blocks for m in b.modules()
+               if getattr(getattr(m, "weight", None), "dim", lambda: 0)() >= 2)
+    return ModelShape(layers=config.num_hidden_layers, heads=config.num_attention_heads, d_model=d,
+                      vocab=config.vocab_size, lr=nearest_rate(sum(map(sum, tensors.groups))),
+                      context=getattr(config, "max_position_embeddings", None) or UNSET_CONTEXT,  # check_sizes: >= 1
+                      kv_heads=kv, ffn=inner, mlp=kind, tied=model_is_tied(model), norm_kind=norm,
+                      positions=positions_of(model), bias=bias, vocab_multiple=1, tensors=tensors, head_dim=head,
+                      norm_vectors=vectors, experts=experts, top_k=experts_of(config, experts),
+                      window=window_of(config), dropout=dropout_of(model), saved=(), parallel=None)
+
+
+def counted_at(config: Any, shape: ModelShape, seq: int, dtype: str, on_gpu: bool) -> ModelShape:
+    """The shape with what its model keeps for backward counted at seq, in dtype, on a GPU or a CPU, and whether
+    its block is a parallel one, as the counted forward shows it (saved.counted); where that forward cannot run on
+    the meta device, neither, and why (not_counted)."""
+    import torch
+    width = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    model = meta_model(config, width)
+    with quiet():
+        blocks = decoder_layers(model, config.num_hidden_layers)
+        try:
+            count, parallel = saved.counted(model, blocks, seq, dtype, on_gpu, lambda on: checkpointing(model, on),
+                                            parts(blocks[0]))
+        except saved.Uncountable as e:
+            return replace(shape, saved=(), not_counted=str(e))
+    return replace(shape, saved=(*(shape.saved or ()), count), not_counted="", parallel=parallel)
 
 
 def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: Any,
@@ -208,12 +346,20 @@ def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: 
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype,
                                                                   attn_implementation=attention(config))
         model.init_weights()
-    if checkpoint:  # transformers 5 renamed the switch; 4 has the old name alone
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointing(model, checkpoint)
     return model, keep
+
+
+def checkpointing(model: Any, on: bool) -> None:
+    """The model's own gradient checkpointing, non-reentrant, on or off (transformers 5 renamed the switch; 4 has the
+    old name alone)."""
+    new = hasattr(model, "activation_checkpointing_enable")
+    if on and new:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif model.is_gradient_checkpointing:
+        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
 
 
 def built_by() -> str:

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from zero3bench import config_checks, fsdp2, hf, machine, options, timeline
-from zero3bench.accounting import predict
-from zero3bench.accounting.memory import Counts, MemoryTerms, Seat, offload_of, rank_memory
+from zero3bench.accounting.memory import Counts, MemoryTerms, Seat, missing, offload_of, rank_memory, telling_ranks
 from zero3bench.accounting.shapes import DEFAULT_MODEL, PRESETS, ModelShape
 from zero3bench.formatting import size
 
@@ -30,6 +29,18 @@ def chosen(model: str) -> tuple[ModelShape, Any]:
         return PRESETS[model], None
     config = hf.transformers_config(hf.read_config(path), path)
     return hf.shape_of(config), config
+
+
+def shape_for(run: options.Run) -> ModelShape:
+    """The run's model's shape, a Hugging Face model's with what it keeps for backward counted at the run's
+    sequence, dtype and device (hf.counted_at): what its record carries and its prediction reads."""
+    return counted(run.model, run.seq, run.dtype, torch.cuda.is_available())
+
+
+@functools.cache
+def counted(model: str, seq: int, dtype: str, on_gpu: bool) -> ModelShape:
+    shape, config = chosen(model)
+    return shape if config is None else hf.counted_at(config, shape, seq, dtype, on_gpu)
 
 
 def check_token_file(path: Path) -> None:
@@ -104,21 +115,22 @@ def predicted_memory(run: options.Run, config: dict[str, Any], world: int) -> Me
     RESULT's predicted_peak_bytes), before anything is built, at the rank whose peak is the most (at DeepSpeed's
     stages 1 and 2 each rank keeps other gradients): a config's Adam is DeepSpeed's own, and the ranks on this host
     beyond its GPUs rehearse on them, as train_gpt.init_distributed places them."""
-    shape, section, on_gpu = chosen(run.model)[0], config.get("optimizer", {}), torch.cuda.is_available()
+    shape, section, on_gpu = shape_for(run), config.get("optimizer", {}), torch.cuda.is_available()
     deepspeed_adam = (str(section.get("type", "")).lower() in ("adam", "adamw")
                       and not section.get("params", {}).get("torch_adam"))
     rehearsed = on_gpu and machine.local_ranks(world) > torch.cuda.device_count()
-    ranks = predict.telling_ranks(run.stage, run.engine, world, shape.params, shape, offload_of(run))
+    ranks = telling_ranks(run.stage, run.engine, world, shape.params, shape, offload_of(run))
     return max((rank_memory(run, shape, Counts.of_shape(shape), config.get("zero_optimization", {}),
                             Seat(world, rank, on_gpu, rehearsed, deepspeed_adam)) for rank in ranks),
-               key=lambda m: m.peak)
+               key=lambda m: m.held if m.peak is None else m.peak)  # a peak not predicted, at no rank
 
 
 def prediction_line(run: options.Run, config: dict[str, Any], world: int) -> str:
     m = predicted_memory(run, config, world)
     runtime = "" if torch.cuda.is_available() else ", and a CPU process's runtime besides"
-    if m.peak is None:  # activations.py does not know this model's block
+    if m.peak is None:
+        lacking = missing(shape_for(run), run.dtype, run.seq, torch.cuda.is_available())
         return (f"predicted per rank at {world} rank(s): model states {size(m.states)}; activations and peak not "
-                "predicted")
+                f"predicted: {lacking}")
     return (f"predicted per rank at {world} rank(s): model states {size(m.states)}, activations "
             f"{size(m.activations)}, peak {size(m.peak)}{runtime}")

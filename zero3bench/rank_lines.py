@@ -3,9 +3,9 @@ above its RESULT line (emit), and the table of a run's ranks."""
 import sys
 
 from zero3bench import parts
-from zero3bench.accounting import predict
+from zero3bench.accounting import memory, predict
 from zero3bench.formatting import fmt, format_table, gib, pct, relative_error, size
-from zero3bench.result import RankResult, result_line
+from zero3bench.result import RankResult, result_line, shape_of
 
 
 def step_line(r: RankResult, s: parts.Step) -> str:
@@ -50,9 +50,10 @@ def memory_lines(tag: str, r: RankResult) -> list[str]:
     if estimate:
         lines.append(f"{tag} DeepSpeed's estimator: {size(estimate['device'])} per device, "
                      f"{size(estimate['host_per_node'])} per node")
-    if r.predicted.activations is None:  # a model whose block accounting.activations does not know
+    if r.predicted.activations is None:  # what the model keeps for backward was not counted at the run's settings
+        missing = memory.missing(shape_of(r), r.run.dtype, r.run.seq, r.mem_kind == "cuda")
         lines.append(f"{tag} estimated: the optimizer step's fp32 gradients {size(r.predicted.transient)}; this "
-                     f"model's activations and peak are not predicted")
+                     f"model's activations and peak are not predicted: {missing}")
     else:
         peak = f"; the peak at {size(r.predicted.peak)}" if r.mem_kind == "cuda" else ""
         lines.append(f"{tag} estimated: activations {size(r.predicted.activations)}, the optimizer step's fp32 "

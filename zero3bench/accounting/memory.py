@@ -1,13 +1,21 @@
 """
 One rank's memory by term, and its peak: the one formula that a rank's record, train_gpt.py --check, the report's
 expectation and plan.py use. Its inputs are typed: the run (options.Run), the model's shape, what the rank counted
-of the model's parameters (Counts) and where it runs (Seat). Each term is predict.py's or moments.py's arithmetic.
+of the model's parameters (Counts) and where it runs (Seat). Each term is predict.py's or moments.py's arithmetic,
+or, for the activations that backward needs (below rank_memory), this module's: what a Hugging Face model was counted
+to keep (zero3bench/saved.py: shapes.Saved), whatever its block, and for a block described by the shape's fields
+alone (model.py's, and the Llama layer of records from before the count) the arithmetic of what it saves, checked
+against saved_tensors_hooks on a CPU (tests/test_accounting.py). Pure arithmetic, as predict.py.
 """
+import itertools
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from zero3bench.accounting import activations as saved, moments, predict
-from zero3bench.accounting.shapes import LOSS_CHUNK, ModelShape
+from zero3bench.accounting import moments, predict
+from zero3bench.accounting.predict import WIDTH
+from zero3bench.accounting.shapes import LOSS_CHUNK, Kept, ModelShape
 from zero3bench.options import Run
 from zero3bench.stages import shards_params, splits_one_buffer
 
@@ -64,8 +72,8 @@ class MemoryTerms:
     gathered: float
     start_gathered: float  # those gathered through the loss's backward (moments.start_gathered_bytes)
     saved_weights: float
-    activations: float | None  # None where the model's block is not one that activations.py knows: no peak then
-    logits: float  # of the activations, the output layer's: its logits and the loss's (activations.output_layer_bytes)
+    activations: float | None  # None where what the model keeps was not counted at the run's settings: no peak then
+    logits: float  # of the activations, the output layer's: its logits and the loss's (output_layer_bytes)
     last_block: float  # the first block's activations, whose backward comes last
     scatter: float
     prefetched: float
@@ -144,15 +152,31 @@ def offload_of(run: Run) -> dict[str, Any]:
     return {**NO_OFFLOAD, **(run.offload or {})}
 
 
+def telling_ranks(stage: int, engine: str, world: int, params: int, shape: ModelShape | None,
+                  offload: Mapping[str, str | bool | None]) -> list[int]:
+    """The ranks among which the one that holds the most is, where grad_layout knows the flat groups: those whose
+    partition holds a tensor's first or last element, and the last; a rank inside one tensor keeps its gradients
+    and moved those before it, no more than the rank where the tensor starts. Elsewhere the ranks hold alike, and
+    rank 0 stands for them all (2**20 ranks took 4 minutes, one at a time)."""
+    groups = predict.grad_layout(stage, engine, params, shape, 0, offload)
+    ranks = {0, world - 1}
+    for group in groups or []:
+        part = math.ceil(sum(group) / (predict.ALIGNMENT * world)) * predict.ALIGNMENT
+        for n, first in zip(group, itertools.accumulate(group, initial=0)):
+            ranks |= {first // part, (first + n - 1) // part}
+    return sorted(ranks) if groups else [0]
+
+
 def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[str, Any], seat: Seat) -> MemoryTerms:
-    """One rank's memory in bytes, by term: predict.py's, then the moments that DeepSpeed's own code adds (moments.py).
-    Without a shape, no activations; zero: the config's zero_optimization section, as DeepSpeed read it."""
+    """One rank's memory in bytes, by term: the activations, predict.py's terms, then the moments that DeepSpeed's own
+    code adds (moments.py). Without a shape, no activations; zero: the config's zero_optimization section, as
+    DeepSpeed read it."""
     stage, engine, dtype, world, params = run.stage, run.engine, run.dtype, seat.world, counts.params
-    width, offload, offloaded = predict.WIDTH[dtype], offload_of(run), bool(offload_of(run)["optimizer"])
-    act, checkpoint = activations(run, shape, seat), bool(run.checkpoint)
+    offload, checkpoint, tokens = offload_of(run), bool(run.checkpoint), (run.micro_batch or 0) * (run.seq or 0)
+    (embedding, layers), act = (shape.embedding, shape.layers) if shape else (0, 0), activations(run, shape, seat)
+    width, offloaded = predict.WIDTH[dtype], bool(offload["optimizer"])
     shard = counts.shard if counts.shard is not None else predict.shard_elems(stage, params, -(-params // world), world)
-    tokens = (run.micro_batch or 0) * (run.seq or 0)
-    fetches = predict.fetches_weights(stage, engine, world, offload if seat.on_gpu else NO_OFFLOAD)
+    fetches = predict.fetches_weights(stage, engine, world, offload if seat.on_gpu else NO_OFFLOAD)  # holds whole
     kept = predict.kept_grad_elems(stage, engine, world, params, shape, seat.rank, offload)
     stage1 = predict.stage1_reduction_bytes(stage, engine, width, world, params, shape, seat.rank, offload, zero)
     sub_group = predict.sub_group_elems(zero, counts.largest, world) if shards_params(stage) else None
@@ -165,12 +189,15 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
     buckets = predict.grad_bucket_bytes(stage, engine, width, zero)
     reduction = (0 if offloaded else stage1 + buckets if stage1 is not None else predict.reduction_bytes(
         stage, engine, dtype, params, shard, zero, shape.qkv_params if shape else 0))  # stage 0's, as fitted
+    gathered = predict.gathered_bytes(stage, engine, width, fetches, counts.block, embedding, counts.root,
+                                      predict.zero_setting(zero, "stage3_prefetch_bucket_size"), params)
     return MemoryTerms(
-        breakdown=states, states=device, host_states=sum(states.values()) - device,
-        host_buffers=predict.host_buffer_bytes(shard, offload) if seat.on_gpu else 0,
+        breakdown=states, states=device, host_states=sum(states.values()) - device, gathered=gathered,
+        host_buffers=predict.host_buffer_bytes(shard, offload) if seat.on_gpu else 0, freed_grads=freed,
         buffers=predict.buffer_bytes(stage, engine, width, zero),
-        workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0, freed_grads=freed,
-        **fetched_weights(run, shape, counts, zero, world, fetches),
+        workspace=predict.WORKSPACE_BYTES if seat.on_gpu else 0,
+        saved_weights=predict.saved_weights_bytes(stage, engine, width, fetches, layers, counts.block, embedding,
+                                                  checkpoint, zero),
         activations=act["activations"], logits=act["logits"], last_block=act["last_block"], reduction=reduction,
         backward_buckets=buckets if predict.partitioned(stage, "grads") else 0,
         reduced_grads=predict.reduced_grads_bytes(stage, dtype, freed, transient),
@@ -178,39 +205,140 @@ def rank_memory(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[s
         overflow_check=predict.overflow_check_bytes(stage, engine, dtype, shard),
         grad_norm=predict.grad_norm_bytes(stage, engine, counts.largest, world, offloaded),
         offloaded_grad=predict.offloaded_grad_bytes(stage, engine, width, counts.largest, world, offloaded),
-        scatter=moments.scatter_bytes(stage, engine, width, world, zero, params, act["blocks"],
-                                      moments.held_output_grad_elems(shape) if shape else 0),
-        prefetched=moments.prefetch_bytes(stage, engine, width, world, fetches, zero, shape, params, checkpoint,
-                                          tokens, act["last_block"], act["activations"] or 0) if shape else 0,
-        regathered=moments.regathered_bytes(stage, engine, width, params, world, seat.rehearsed))
-
-
-def fetched_weights(run: Run, shape: ModelShape | None, counts: Counts, zero: dict[str, Any], world: int,
-                    fetches: bool) -> dict[str, float]:
-    """The 16-bit weights that stage 3 holds whole beyond its shards, where it fetches them (fetches: on more than
-    one rank, or on one whose partitions live in host memory) and FSDP2 casts them: gathered at once while a module
-    computes (predict.gathered_bytes), gathered through the loss's backward (moments.start_gathered_bytes), and
-    those that autograd keeps for backward (predict.saved_weights_bytes)."""
-    stage, engine, width, checkpoint = run.stage, run.engine, predict.WIDTH[run.dtype], bool(run.checkpoint)
-    embedding, layers = (shape.embedding, shape.layers) if shape else (0, 0)
-    gathered = predict.gathered_bytes(stage, engine, width, fetches, counts.block, embedding, counts.root,
-                                      predict.zero_setting(zero, "stage3_prefetch_bucket_size"), counts.params)
-    return {"gathered": gathered,
-            "start_gathered": moments.start_gathered_bytes(width, world, fetches, gathered, zero, shape, checkpoint,
-                                                           counts.params),
-            "saved_weights": predict.saved_weights_bytes(stage, engine, width, fetches, layers, counts.block,
-                                                         embedding, checkpoint, zero)}
+        **moments.rank_moments(stage, engine, width, world, fetches, zero, shape, params, checkpoint, tokens, act,
+                               gathered, seat.rehearsed))
 
 
 def activations(run: Run, shape: ModelShape | None, seat: Seat) -> dict[str, float | None]:
-    """The activations' most when backward starts, the last block's, and all the blocks' when their backward starts
-    (activations.py); none without a shape, and not predicted (None) for a block that activations.py does not know."""
-    if shape is None or not shape.activations_known:
-        return {"activations": None if shape else 0, "logits": 0, "last_block": 0, "blocks": 0}
+    """The activations' most when backward starts, the last block's, and all the blocks' when their backward starts:
+    what the model was counted to keep (counted_bytes), or a described block's arithmetic (below); none without a
+    shape, and not predicted (None) where what the model keeps was not counted at the run's settings (missing)."""
+    if shape is None:
+        return {"activations": 0, "logits": 0, "last_block": 0, "blocks": 0}
     micro_batch, seq, checkpoint = run.micro_batch or 0, run.seq or 0, bool(run.checkpoint)
-    flash = saved.uses_flash(seat.on_gpu, run.dtype)
-    tokens, width = micro_batch * seq, predict.WIDTH[run.dtype]
-    return {"activations": saved.activation_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash, LOSS_CHUNK),
-            "logits": saved.output_layer_bytes(shape, width, tokens, LOSS_CHUNK),
-            "last_block": saved.block_activation_bytes(shape, width, tokens, seq, flash),
-            "blocks": saved.blocks_backward_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash)}
+    if shape.saved is not None:
+        kept = kept_at(shape, run.dtype, micro_batch, seq, seat.on_gpu)
+        if kept is None:
+            return {"activations": None, "logits": 0, "last_block": 0, "blocks": 0}
+        return counted_bytes(kept, checkpoint, micro_batch * seq, shape.padded_vocab, LOSS_CHUNK)
+    flash, tokens, width = uses_flash(seat.on_gpu, run.dtype), micro_batch * seq, predict.WIDTH[run.dtype]
+    return {"activations": activation_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash, LOSS_CHUNK),
+            "logits": output_layer_bytes(shape, width, tokens, LOSS_CHUNK),
+            "last_block": block_activation_bytes(shape, width, tokens, seq, flash),
+            "blocks": blocks_backward_bytes(shape, run.dtype, micro_batch, seq, checkpoint, flash)}
+
+
+# The activations of a block that the shape's fields describe (model.py's), and of a model counted to keep them
+
+# The values of the MLP's inner width per token that one block keeps: GELU's input and mlp.proj's input; or the gated
+# MLP's gate and up outputs, SiLU's output and down's input (the product)
+MLP_VALUES = {"plain": 2, "gated": 4}
+
+
+def uses_flash(on_gpu: bool, dtype: str) -> bool:
+    """Whether attention runs SDPA's flash kernels, which keep no scores for backward: on a GPU, in 16 bits
+    (they take 16-bit inputs only)."""
+    return on_gpu and WIDTH[dtype] == 2
+
+
+def norm_bytes(shape: ModelShape, width: int) -> int:
+    """What one norm saves per token: a LayerNorm its input and fp32 mean and rstd; transformers' RMSNorm its input
+    cast to fp32, the fp32 rstd, and the normalised input cast back, which the weight multiplies."""
+    d = shape.d_model
+    return width * d + 2 * 4 if shape.norm_kind == "layernorm" else 4 * d + 4 + width * d
+
+
+def block_activation_bytes(shape: ModelShape, width: int, tokens: int, seq: int, flash: bool) -> int:
+    """What one block saves for backward: its two norms (norm_bytes), attention's input, q, k and v, attention's
+    output (which the output projection takes as it is), the MLP's input and its inner values (MLP_VALUES), and flash
+    attention's fp32 logsumexp per head. For model.py's block, 16 values of d_model a token and the LayerNorms' stats:
+    Korthikanti et al.'s 34 per token and d_model, less the two dropout masks that this model lacks. Without a fused
+    attention kernel SDPA's math path keeps its softmax too, one value per score."""
+    d = shape.d_model
+    values = 3 * d + 2 * shape.kv_width + d + MLP_VALUES[shape.mlp] * shape.inner
+    per_token = 2 * norm_bytes(shape, width) + width * values + (4 * shape.heads if flash else 0)
+    return tokens * per_token + (0 if flash else width * shape.heads * seq * tokens)
+
+
+def positions_bytes(shape: ModelShape, width: int, tokens: int) -> int:
+    """Rotary positions' cos and sin, made once per forward and saved by every block's attention: one head's width
+    each per token."""
+    return 2 * width * (shape.d_model // shape.heads) * tokens if shape.positions == "rope" else 0
+
+
+def output_layer_bytes(shape: ModelShape, width: int, tokens: int, loss_chunk: int) -> int:
+    """The most that backward holds for the layers above the blocks, on top of what the blocks keep: the final norm's
+    input (an RMSNorm's, as norm_bytes says) and output (the output layer's input), and at the last chunk of the loss,
+    the logits (kept for the loss, recomputed chunk by chunk), the other chunks' gradients, which the split's backward
+    joins only once all are made, and the last chunk's fp32 log-softmax, its gradient and its input's (12 bytes a
+    logit). Measured on an H200 within 1.6% at 350m and 1.3b, micro batch 1 to 16, bf16 and fp32
+    (benchmarks/logs/h200/31-suite/probe, which tests/test_accounting.py reads)."""
+    chunk, d, vocab = min(loss_chunk, tokens), shape.d_model, shape.padded_vocab
+    final_norm = width * d if shape.norm_kind == "layernorm" else norm_bytes(shape, width)
+    return (final_norm + width * d) * tokens + loss_bytes(width * tokens * vocab, width, chunk, vocab)
+
+
+def loss_bytes(logits: int, logit_width: int, chunk: int, vocab: int) -> int:
+    """The most that the loss's backward holds (model.mean_loss): the logits, which it keeps to recompute each chunk,
+    the other chunks' gradients (as many bytes), which the split's backward joins only once all are made, and the last
+    chunk's fp32 log-softmax, its gradient and its input's (12 bytes a logit, less the logits' own)."""
+    return 2 * logits + (12 - logit_width) * chunk * vocab
+
+
+def activation_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, checkpoint: bool, flash: bool,
+                     loss_chunk: int) -> int:
+    """The activations when backward starts, their most: every block's saved tensors, or with checkpointing each
+    block's input only, and the output layer's backward (output_layer_bytes); with checkpointing, a block
+    recomputed during backward instead where it holds more than the output layer (not at 1.3b)."""
+    width, tokens = WIDTH[dtype], micro_batch * seq
+    block = block_activation_bytes(shape, width, tokens, seq, flash)
+    output = output_layer_bytes(shape, width, tokens, loss_chunk) + positions_bytes(shape, width, tokens)
+    if checkpoint:
+        return shape.layers * width * tokens * shape.d_model + max(output, block)
+    return shape.layers * block + output
+
+
+def blocks_backward_bytes(shape: ModelShape, dtype: str, micro_batch: int, seq: int, checkpoint: bool,
+                          flash: bool) -> int:
+    """The activations when the blocks' backward starts, the output layer's done: every block's saved tensors, or with
+    checkpointing each block's input and the last block recomputed; the rotary positions once, which every block
+    saves by reference."""
+    width, tokens = WIDTH[dtype], micro_batch * seq
+    block = block_activation_bytes(shape, width, tokens, seq, flash)
+    saved = shape.layers * width * tokens * shape.d_model + block if checkpoint else shape.layers * block
+    return saved + positions_bytes(shape, width, tokens)
+
+
+def kept_at(shape: ModelShape, dtype: str, micro_batch: int, seq: int, on_gpu: bool) -> Kept | None:
+    """What the shape's model was counted to keep at these settings; None where it was not counted at them."""
+    for saved in shape.saved or ():
+        if (saved.seq, saved.dtype, saved.on_gpu) == (seq, dtype, on_gpu):
+            return saved.at(micro_batch)
+    return None
+
+
+def missing(shape: ModelShape | None, dtype: str, seq: int, on_gpu: bool) -> str:
+    """What the activations lack at these settings, in words; "" where they are predicted."""
+    if shape is None:
+        return "the model's shape is not known (its record carries none)"
+    if shape.saved is None or kept_at(shape, dtype, 1, seq, on_gpu):
+        return ""
+    if not shape.saved:
+        return shape.not_counted
+    where = ", ".join(f"seq {s.seq} in {s.dtype} on a {'GPU' if s.on_gpu else 'CPU'}" for s in shape.saved)
+    return (f"what its layers keep for backward was counted at {where}, not at seq {seq} in {dtype} on a "
+            f"{'GPU' if on_gpu else 'CPU'}")
+
+
+def counted_bytes(kept: Kept, checkpoint: bool, tokens: int, vocab: int, loss_chunk: int) -> dict[str, int]:
+    """activation_bytes, the last block's and blocks_backward_bytes from what a model was counted to keep: when
+    backward starts, what the forward left (with checkpointing, the blocks' inputs and what the rest keeps) and the
+    loss's backward (loss_bytes); with checkpointing, a block recomputed in backward instead, once the layers above
+    the blocks have freed theirs, where it holds more."""
+    loss = loss_bytes(kept.logits, kept.logits // (tokens * vocab), min(loss_chunk, tokens), vocab)
+    logits = kept.head + loss  # the layers above the blocks and the loss's backward, as output_layer_bytes has them
+    if checkpoint:
+        return {"activations": kept.checkpointed + max(loss, kept.most_block - kept.head), "logits": logits,
+                "last_block": kept.first_block, "blocks": kept.checkpointed - kept.head + kept.most_block}
+    return {"activations": kept.total + loss, "logits": logits, "last_block": kept.first_block,
+            "blocks": kept.total - kept.head}

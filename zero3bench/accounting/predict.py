@@ -52,6 +52,15 @@ def model_states(stage: int, dtype: str, full: float, shard: float, persistent: 
     return {kind: per_element[kind] * held[kind] for kind in KINDS}
 
 
+def persistent_besides(persistent: int, world: int, offload: Mapping[str, str | bool | None]) -> int:
+    """The elements that stage 3 keeps whole besides its shards: its persistent tensors', gathered once and kept; none
+    on one rank whose partitions stay on the device, where that gather points each tensor at its partition
+    (partition_parameters.py, _no_gather_coalesced: param.data = ds_tensor.data.to(the device), no copy). A tiny
+    Llama of width 64 on one rank, every block's matrix persistent, held 100% of its weights where the promise had
+    been 169.3%."""
+    return 0 if world == 1 and not offload.get("param") else persistent
+
+
 def shard_elems(stage: int, total: float, local: float, world: int) -> float:
     """This rank's partition: its own shards at stage 3 (counted, with padding), 1/G of the one flat buffer
     that stages 1 and 2 split, every element at stage 0."""
@@ -245,7 +254,7 @@ def saved_weights_bytes(stage: int, engine: str, width: int, fetches: bool, laye
 # Measured, not derived: what a CUDA rank holds once it has stepped besides its model states and buffers, the
 # same at every stage, micro batch and rank count (cuBLAS's workspaces, which torch allocates through its caching
 # allocator at the first matmul, and small tensors). In every run of benchmarks/logs/h200/24-peaks, memory
-# allocated after the last step less the predicted states and buffers: 69.2 to 72.5 MB.
+# allocated after the last step less the predicted states and buffers: 69.9 to 72.5 MB.
 WORKSPACE_BYTES = 72 * 10**6
 
 
@@ -327,21 +336,6 @@ def kept_grad_elems(stage: int, engine: str, world: int, params: int, shape: Mod
     where grad_layout knows them; None where the paper's hold."""
     groups = grad_layout(stage, engine, params, shape, rank, offload)
     return whole_tensor_grad_elems(groups, world, rank) if groups and rank is not None else None
-
-
-def telling_ranks(stage: int, engine: str, world: int, params: int, shape: ModelShape | None,
-                  offload: Mapping[str, str | bool | None]) -> list[int]:
-    """The ranks among which the one that holds the most is, where grad_layout knows the flat groups: those whose
-    partition holds a tensor's first or last element, and the last; a rank inside one tensor keeps its gradients
-    and moved those before it, no more than the rank where the tensor starts. Elsewhere the ranks hold alike, and
-    rank 0 stands for them all (2**20 ranks took 4 minutes, one at a time)."""
-    groups = grad_layout(stage, engine, params, shape, 0, offload)
-    ranks = {0, world - 1}
-    for group in groups or []:
-        part = math.ceil(sum(group) / (ALIGNMENT * world)) * ALIGNMENT
-        for n, first in zip(group, itertools.accumulate(group, initial=0)):
-            ranks |= {first // part, (first + n - 1) // part}
-    return sorted(ranks) if groups else [0]
 
 
 def moved_grad_elems(groups: Sequence[Sequence[int]], world: int, rank: int, bucket: float) -> int:

@@ -4,7 +4,7 @@ kinds of its parts), as a Hugging Face config describes a family. train_gpt.py b
 plan.py plans a cluster from one; the GPT presets below are instances of it.
 """
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from typing import Any
 
 LOSS_CHUNK = 256  # rows of logits per chunk of the loss
@@ -19,6 +19,34 @@ class Tensors:
     root: int  # the elements outside the blocks
 
 
+@dataclass(frozen=True)
+class Kept:
+    """What a model holds for backward when its forward ends, in bytes, at one micro batch: its storages made in the
+    forward and still alive, each counted once (zero3bench/saved.py counts them on the meta device)."""
+    total: int  # all of them but the logits, without checkpointing
+    checkpointed: int  # the same with each block checkpointed: the blocks' inputs, and what the rest keeps
+    head: int  # what the layers above the blocks made (the final norm's, the output layer's input, a soft-cap's)
+    first_block: int  # what the first block made, whose backward comes last
+    most_block: int  # what the block that keeps the most made, as its recomputation makes it again
+    logits: int  # the logits, which the loss keeps
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a model keeps for backward, counted at one sequence length, dtype and kind of device, at micro batches 1
+    and 2: each row of the micro batch keeps the same, and what all rows share (rotary positions, a mask of
+    positions, a kernel's random seed) does not grow with them, so that one count per micro batch is exact at any."""
+    seq: int
+    dtype: str
+    on_gpu: bool
+    attention: str  # the attention kernels counted: "flash", "efficient", "math", "cpu-flash", "eager"
+    one: Kept  # at micro batch 1
+    two: Kept  # at micro batch 2
+
+    def at(self, micro_batch: int) -> Kept:
+        return Kept(*(a + (micro_batch - 1) * (b - a) for a, b in zip(astuple(self.one), astuple(self.two))))
+
+
 def padded(vocab: int, multiple: int = 64) -> int:
     return multiple * math.ceil(vocab / multiple)
 
@@ -27,7 +55,9 @@ def padded(vocab: int, multiple: int = 64) -> int:
 class ModelShape:
     """A decoder-only transformer's shape. The defaults are model.py's GPT (GPT-2/3): multi-head attention, a
     GELU MLP of 4 x d_model, LayerNorms, learned positions, biases everywhere and the embedding tied to the output
-    layer; a family that differs says so in its fields, which the accounting reads where they matter."""
+    layer; a model that differs says so in its fields (zero3bench/hf.py reads them off a Hugging Face config and the
+    model it builds), which the accounting reads where they matter. The activations of a block described by these
+    fields are accounting/memory.py's arithmetic; a Hugging Face model's are counted (saved)."""
     layers: int
     heads: int
     d_model: int  # the hidden size
@@ -36,14 +66,23 @@ class ModelShape:
     lr: float | None  # the peak learning rate after the warm-up, for the benchmark's few steps and small batches
     kv_heads: int | None = None  # key/value heads (grouped-query attention); None: as many as heads
     ffn: int | None = None  # the MLP's inner width; None: 4 x d_model
-    mlp: str = "gelu"  # "gelu": fc, GELU, proj; "gated": gate and up, SiLU's product, down (Llama)
+    mlp: str = "plain"  # "plain": fc, its activation, proj; "gated": gate and up, the activation's product, down
     tied: bool = True  # the output layer is the token embedding
-    norm_kind: str = "layernorm"  # "layernorm" (weight and bias) or "rmsnorm" (weight alone)
-    positions: str = "learned"  # "learned" (an embedding of context rows) or "rope" (no parameters)
+    norm_kind: str = "layernorm"  # "layernorm" (centred, a bias where it has one) or "rmsnorm" (not centred)
+    positions: str = "learned"  # "learned" (an embedding of context rows), "rope" (rotary: no parameters), "none"
     bias: bool = True  # whether attention's and the MLP's linear layers have biases
     vocab_multiple: int = 64  # the embedding's rows are the vocabulary padded to a multiple of this
     tensors: Tensors | None = None  # the tensors as counted, where the fields above do not say them
-    activations_known: bool = True  # whether predict.py's block of saved tensors is this model's
+    head_dim: int | None = None  # one head's width; None: d_model / heads
+    norm_vectors: int | None = None  # one norm's vectors: 2 (weight, bias), 1 (weight), 0; None: as norm_kind has
+    parallel: bool | None = False  # attention and the MLP read the same input, their outputs added to it (GPT-NeoX,
+    # Falcon), as a Hugging Face model's counted forward shows it (zero3bench/saved.py); None until it runs
+    experts: int = 0  # the MLP's experts (0: one dense MLP), of which each token is routed to top_k
+    top_k: int = 0
+    window: int | None = None  # the tokens that a sliding window of attention sees, where some layers have one
+    dropout: float = 0.0  # the largest dropout probability that training applies
+    saved: tuple[Saved, ...] | None = None  # counted, at each setting it was; None: these fields' arithmetic
+    not_counted: str = ""  # where saved is empty, why it could not be counted
 
     @property
     def padded_vocab(self) -> int:
@@ -52,9 +91,13 @@ class ModelShape:
         return padded(self.vocab, self.vocab_multiple)
 
     @property
+    def head_width(self) -> int:
+        return self.head_dim or self.d_model // self.heads
+
+    @property
     def kv_width(self) -> int:
-        """The width of the keys (and of the values): kv_heads heads of d_model / heads."""
-        return (self.kv_heads or self.heads) * (self.d_model // self.heads)
+        """The width of the keys (and of the values): kv_heads heads of head_width."""
+        return (self.kv_heads or self.heads) * self.head_width
 
     @property
     def inner(self) -> int:
@@ -62,8 +105,9 @@ class ModelShape:
 
     @property
     def norm(self) -> list[int]:
-        """One norm's tensors: a LayerNorm's weight and bias, or an RMSNorm's weight."""
-        return [self.d_model] * (2 if self.norm_kind == "layernorm" else 1)
+        """One norm's tensors: a LayerNorm's weight and bias, or an RMSNorm's weight, unless norm_vectors says."""
+        vectors = (2 if self.norm_kind == "layernorm" else 1) if self.norm_vectors is None else self.norm_vectors
+        return [self.d_model] * vectors
 
     @property
     def block_tensors(self) -> tuple[list[int], list[int]]:
@@ -73,7 +117,7 @@ class ModelShape:
         if self.tensors:
             return tuple(map(list, self.tensors.block))
         d, kv, f = self.d_model, self.kv_width, self.inner
-        if kv == d and self.mlp == "gelu":  # model.py's attention: q, k and v as one matrix
+        if kv == d and self.mlp == "plain":  # model.py's attention: q, k and v as one matrix
             attention, attention_bias = [3 * d * d, d * d], [3 * d, d]
         else:
             attention, attention_bias = [d * d, kv * d, kv * d, d * d], [d, kv, kv, d]
@@ -109,7 +153,7 @@ class ModelShape:
     @property
     def qkv_params(self) -> int:
         """Attention's input projections: model.py's qkv weight (3d²), or q, k and v."""
-        return self.d_model * (self.d_model + 2 * self.kv_width)
+        return self.d_model * (self.heads * self.head_width + 2 * self.kv_width)
 
     @property
     def decay_groups(self) -> tuple[list[int], list[int]]:
@@ -129,9 +173,15 @@ def as_record(shape: ModelShape) -> dict[str, Any]:
 
 
 def from_record(d: dict[str, Any]) -> ModelShape:
-    """The shape that as_record wrote, its tensors' lists read back as tuples."""
-    t = d.get("tensors")
+    """The shape that as_record wrote, its tensors' lists read back as tuples and its counts as records. A record
+    from before the activations were counted (issue 56) said of a Hugging Face model whether its block was the
+    Llama layer that its fields describe: so it is read, or as not counted."""
+    d, t = dict(d), d.get("tensors")
     tensors = t and Tensors(tuple(map(tuple, t["block"])), tuple(map(tuple, t["groups"])), t["root"])
+    if d.pop("activations_known", True) is False:
+        d.update(saved=(), not_counted="its record is older than the count of what its layers keep for backward")
+    elif d.get("saved") is not None:
+        d["saved"] = tuple(Saved(**{**s, "one": Kept(**s["one"]), "two": Kept(**s["two"])}) for s in d["saved"])
     return ModelShape(**{**d, "tensors": tensors})
 
 
