@@ -7,15 +7,40 @@
 # `machine_state.sh BEFORE`: exit status 0 where nothing differs; else 1, with the difference (diff -u) on stdout;
 # 2 where a tool it records with is missing.
 set -uo pipefail
-for tool in ss ps find diff; do  # without one, a section would be empty both times, and pass on any change
+for tool in python3 find diff; do  # without one, a section would be empty both times, and pass on any change
   command -v "$tool" > /dev/null || { echo "machine state: cannot record: no $tool" >&2; exit 2; }
 done
+# The sockets and the processes through psutil, DeepSpeed's own dependency: slim GPU images lack ss (iproute2),
+# some ps (procps)
+python3 -c "import psutil" 2> /dev/null || { echo "machine state: cannot record: no psutil" >&2; exit 2; }
+
+sockets_and_daemons() {
+  python3 - <<'PY'
+import psutil, socket
+
+def name(pid):
+    try:
+        return psutil.Process(pid).name() if pid else ""
+    except psutil.Error:
+        return ""
+
+def address(a):
+    return f"[{a.ip}]:{a.port}" if ":" in a.ip else f"{a.ip}:{a.port}"
+
+print("## listening sockets: protocol, address, process")
+listening = {f"{'tcp' if c.type == socket.SOCK_STREAM else 'udp'} {address(c.laddr)} {name(c.pid)}".rstrip()
+             for c in psutil.net_connections("inet")
+             if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and not c.raddr)}
+print("\n".join(sorted(listening)))
+print("## processes of no test: pid, user, command")
+for p in sorted(psutil.process_iter(["pid", "ppid", "status", "username", "name"]), key=lambda p: p.pid):
+    if p.info["ppid"] == 1 and p.info["status"] != psutil.STATUS_ZOMBIE:
+        print(p.info["pid"], p.info["username"], p.info["name"])
+PY
+}
 
 record() {
-  echo "## listening sockets: protocol, address, process"
-  ss -Hltunp 2> /dev/null | awk '{ sub(/^users:\(\("/, "", $7); sub(/".*/, "", $7); print $1, $5, $7 }' | sort -u
-  echo "## processes of no test: pid, user, command"
-  ps -eo ppid=,stat=,pid=,user=,comm= | awk '$1 == 1 && $2 !~ /^Z/ { print $3, $4, $5 }' | sort -n
+  sockets_and_daemons
   echo "## Debian packages"
   dpkg-query -W -f '${Package} ${Version}\n' 2> /dev/null | sort
   echo "## pip packages"

@@ -8,6 +8,7 @@ tests, and together they must leave the whole suite within one 10-minute run on 
 import functools
 import json
 import os
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 from types import SimpleNamespace
@@ -269,10 +270,11 @@ def test_on_one_gpu_2_rehearsed_ranks_at_stage_3_gather_every_parameter_twice_an
 
 @gpu
 def test_the_default_run_sh_on_one_gpu_rehearses_ranks_on_it(gpu_default):
-    assert "ranks rehearse on it over gloo" in gpu_default.proc.stdout
+    said = re.search(r"(\d+) ranks of the (\S+) model rehearse on it over gloo", gpu_default.proc.stdout)
+    assert said, gpu_default.proc.stdout
     for name, rs in gpu_default.runs.items():
-        assert len(rs) == rs[0]["world_size"] > 1, name
-        assert all(r["rehearsal"] and r["gpus"] == 1 and r["model"] == "1.3b" for r in rs), name
+        assert len(rs) == rs[0]["world_size"] == int(said[1]) > 1, name
+        assert all(r["rehearsal"] and r["gpus"] == 1 and r["model"] == said[2] == "1.3b" for r in rs), name
 
 
 @gpu

@@ -81,8 +81,25 @@ def test_a_file_written_in_ssh_fails_the_check_named_with_its_path(home, tmp_pat
 def test_without_a_tool_it_records_with_the_check_refuses_rather_than_passes(tmp_path):
     tools = tmp_path / "bin"
     tools.mkdir()
-    for tool in ("ps", "find", "diff"):  # ss is missing, as in a container without iproute2
+    for tool in ("find", "diff"):
         (tools / tool).symlink_to(shutil.which(tool))
+    (tools / "python3").write_text("#!/bin/sh\nexit 1\n")  # a Python without psutil, which imports nothing
+    (tools / "python3").chmod(0o755)
     proc = subprocess.run(["/bin/bash", str(CHECK)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PATH": str(tools)})
-    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "machine state: cannot record: no ss\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", "machine state: cannot record: no psutil\n")
+
+
+def test_it_records_the_sockets_and_daemons_without_ss_or_ps(home, tmp_path):
+    """As on a slim GPU image (iproute2 and procps missing): psutil, which DeepSpeed needs, records them."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("find", "diff", "python3", "sort", "dpkg-query"):
+        if shutil.which(tool):
+            (tools / tool).symlink_to(shutil.which(tool))
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)):
+        proc = subprocess.run(["/bin/bash", str(CHECK)], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PATH": str(tools), "HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    assert any(line.startswith(f"tcp 127.0.0.1:{port} python") for line in proc.stdout.splitlines()), proc.stdout

@@ -140,10 +140,20 @@ class Forward(TorchDispatchMode):
         self.saved: dict[int, torch.UntypedStorage] = {}
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        """saved_tensors_hooks' pack: the tensor as it is, its storage noted."""
+        """saved_tensors_hooks' pack: the tensor as it is, its storage noted, and made where it was saved if no op
+        that this mode saw made it (a kernel's own tensor: torch 2.11's math attention on a CPU saves four int64
+        scalars)."""
         storage = tensor.untyped_storage()
         self.saved[storage._cdata] = storage
+        self.note_made(storage)
         return tensor
+
+    def note_made(self, storage: torch.UntypedStorage) -> None:
+        """The storage made in the region that runs, unless the forward was given it or knows it already."""
+        known = self.made.get(storage._cdata)
+        if storage._cdata not in self.held and (known is None or known.storage() is None):
+            # an address freed and made again is a new storage
+            self.made[storage._cdata] = Made(weakref.ref(storage), self.region)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -161,12 +171,7 @@ class Forward(TorchDispatchMode):
             self.tainted.update(t.untyped_storage()._cdata for t in tensors_in(out))
         for t in pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                storage = t.untyped_storage()
-                known = self.made.get(storage._cdata)
-                if storage._cdata in self.held:
-                    continue
-                if known is None or known.storage() is None:  # an address freed and made again is a new storage
-                    self.made[storage._cdata] = Made(weakref.ref(storage), self.region)
+                self.note_made(t.untyped_storage())
         return out
 
     def value(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -278,10 +283,11 @@ def kept_at(model: Any, layers: list[Any], micro_batch: int, seq: int, on_gpu: b
 def counted(model: Any, layers: list[Any], seq: int, dtype: str, on_gpu: bool, checkpointing: Callable[[bool], None],
             block: tuple[Any, Any]) -> tuple[Saved, bool | None]:
     """What a model built on the meta device in dtype keeps for backward at seq, on a GPU or a CPU, at micro
-    batches 1 and 2 (shapes.Saved), and whether its first block, block's (attention, MLP), is a parallel one
+    batches 1, 2 and 3 (shapes.Saved), and whether its first block, block's (attention, MLP), is a parallel one
     (watching); Uncountable where its forward cannot run there."""
     model.train()
     one, seen = kept_at(model, layers, 1, seq, on_gpu, checkpointing, block)
     two, _ = kept_at(model, layers, 2, seq, on_gpu, checkpointing, block)
+    three, _ = kept_at(model, layers, 3, seq, on_gpu, checkpointing, block)
     attention = ", ".join(sorted(seen["attention"])) or model.config._attn_implementation
-    return Saved(seq=seq, dtype=dtype, on_gpu=on_gpu, attention=attention, one=one, two=two), seen["parallel"]
+    return Saved(seq=seq, dtype=dtype, on_gpu=on_gpu, attention=attention, one=one, two=two, three=three), seen["parallel"]

@@ -33,18 +33,25 @@ class Kept:
 
 @dataclass(frozen=True)
 class Saved:
-    """What a model keeps for backward, counted at one sequence length, dtype and kind of device, at micro batches 1
-    and 2: each row of the micro batch keeps the same, and what all rows share (rotary positions, a mask of
-    positions, a kernel's random seed) does not grow with them, so that one count per micro batch is exact at any."""
+    """What a model keeps for backward, counted at one sequence length, dtype and kind of device, at micro batches 1,
+    2 and 3: from 2 rows on, each row keeps the same, and what all rows share (rotary positions, a mask of positions,
+    a kernel's random seed) does not grow with them, so that one count per micro batch is exact at any. One row is
+    counted apart: it can keep less than a row of more, where a tensor broadcast across the heads stays a view when
+    reshaped for one row and is copied for more (torch 2.11's math attention on a CPU, under multi-query attention)."""
     seq: int
     dtype: str
     on_gpu: bool
     attention: str  # the attention kernels counted: "flash", "efficient", "math", "cpu-flash", "eager"
     one: Kept  # at micro batch 1
     two: Kept  # at micro batch 2
+    three: Kept | None = None  # at micro batch 3; None in a record from before it was counted: 2 rows less 1 a row
 
     def at(self, micro_batch: int) -> Kept:
-        return Kept(*(a + (micro_batch - 1) * (b - a) for a, b in zip(astuple(self.one), astuple(self.two))))
+        if micro_batch == 1:
+            return self.one
+        low, high = (self.two, self.three) if self.three is not None else (self.one, self.two)
+        rows = micro_batch - (2 if self.three is not None else 1)
+        return Kept(*(a + rows * (b - a) for a, b in zip(astuple(low), astuple(high))))
 
 
 def padded(vocab: int, multiple: int = 64) -> int:
@@ -181,7 +188,8 @@ def from_record(d: dict[str, Any]) -> ModelShape:
     if d.pop("activations_known", True) is False:
         d.update(saved=(), not_counted="its record is older than the count of what its layers keep for backward")
     elif d.get("saved") is not None:
-        d["saved"] = tuple(Saved(**{**s, "one": Kept(**s["one"]), "two": Kept(**s["two"])}) for s in d["saved"])
+        d["saved"] = tuple(Saved(**{**s, **{n: Kept(**s[n]) for n in ("one", "two", "three") if s.get(n)}})
+                           for s in d["saved"])
     return ModelShape(**{**d, "tensors": tensors})
 
 
