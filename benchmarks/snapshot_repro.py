@@ -2,8 +2,9 @@
 Does recording the CUDA allocator's history (torch.cuda.memory._record_memory_history, which PyTorch's memory viewer
 reads) break a training step with the installed torch and DeepSpeed? On 2 H200s, torch 2.11.0 and DeepSpeed 0.19.8,
 it made cross_entropy_loss return NULL ("SystemError: ... returned NULL without setting an exception") in the
-checkpoint's recompute of stage 3's backward (benchmarks/logs/h200x2/13-fsdp2/12-memory), and zero3bench.timeline
-refuses --timeline=snapshot there (SNAPSHOT_BREAKS). One GPU, about 30 s; three cases at once, each a process of its own:
+checkpoint's recompute of stage 3's backward (benchmarks/logs/h200x2/13-fsdp2/12-memory); on an H100 in all three
+cases below, without DeepSpeed too (benchmarks/logs/h100/3-timeline/snapshot_repro.txt), and zero3bench.timeline
+refuses --timeline=snapshot with torch 2.11 (SNAPSHOT_BREAKS). One GPU, about 30 s; three cases at once, each a process of its own:
 
   torch, Python stacks   model.py's GPT (checkpointed blocks, the loss recomputed chunk by chunk) one step on the GPU,
                          without DeepSpeed, recording as profile_step.py did (stacks="python")

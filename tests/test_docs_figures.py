@@ -101,10 +101,14 @@ FIGURES = [
            lambda verdict, torch, ds: (torch, ds, verdict)),
     Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/43-suite/tests.txt",
            r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*^(\d+) passed"),
+    Figure("torch {}, DeepSpeed {}: {} passed, {} failed, mended since", LOGS + "h100/5-suite/tests.txt",
+           r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*^(\d+) failed, (\d+) passed",
+           lambda torch, ds, failed, passed: (torch, ds, passed, failed)),
+    # where the memory goes, and offload's plan
+    Figure("the default on an {} GB H100 ([log]", LOGS + "h100/3-timeline/default.txt", r"one GPU \(NVIDIA H100 (\d+)GB"),
+    Figure("1.3b's `3_offload` at micro batch 8, {} s planned, {} measured on one H100",
+           LOGS + "h100/4-offload-step/check_1.3b.txt", r"^\| \w+ \| 3_offload \| 8 \| on \| ([\d.]+) \| ([\d.]+) \|"),
     # what the code works out: (b)'s expectation, from today's report.py on the two runs
-    Figure('prints "expected {}\n  less or better: theory predicts {} less" for the default on one H200',
-           f"report.py {H200_DEFAULT}", r"expected ([\d.]+x) less or better: theory predicts ([\d.]+x) less",
-           command=True),
     # the report of the run's day had no predicted peak for Llama: (b) judged none
     Figure("Its report.txt says {};", HF_LLAMA + "/report.txt",
            r"^NOT OBSERVABLE  \(b\) .*no prediction for the model llama-3\.2-1b[\s\S]*^VERDICT: (.+)$"),
@@ -880,8 +884,10 @@ DOCS = [
                records(OFFLOAD_92VQ, "stage3_offload")[0])),
     Figure("The process's peak resident set is more: {} GB", OFFLOAD_92VQ, "", page=MEASUREMENT,
            read=lambda: (f"{step_rss(records(OFFLOAD_92VQ, 'stage3_offload')[0]) / 1e9:.2f}",)),
-    Figure("All {} committed runs at stage 3 that offload the optimizer alone ([h200](../benchmarks/logs/h200/), {} rank "
-           "records,", LOGS + "h200", "", page=MEASUREMENT, read=lambda: offload_host()[:2]),
+    Figure("All {} committed runs at stage 3 that offload the optimizer alone ([h200](../benchmarks/logs/h200/) and "
+           "[h100](../benchmarks/logs/h100/4-offload-step/), {} rank records,", LOGS + "h100/4-offload-step", "",
+           page=MEASUREMENT,
+           read=lambda: offload_host()[:2]),
     Figure("prefetch caps of 1e8 to 1e9) are within {}, and the five with the parameters offloaded too (1.3b on one rank, "
            "`h200/36-step-time`, `h200/38-step-time2`) within {} ({} to {} GB, {} predicted).", LOGS + "h200", "",
            page=MEASUREMENT, read=lambda: offload_host()[2:]),

@@ -145,10 +145,11 @@ def test_a_snapshot_is_refused_in_one_line_on_a_cpu(check):
 
 
 def test_a_snapshot_is_refused_in_one_line_by_version_where_recording_the_history_breaks_the_step(monkeypatch):
-    monkeypatch.setattr(timeline, "SNAPSHOT_BREAKS", {("2.11", "0.19.8"): "a planted defect (its log)"})
+    monkeypatch.setattr(timeline, "SNAPSHOT_BREAKS", {"2.11": "a planted defect (its log)"})
     run = options.run_from({"timeline": "snapshot"})
     said = timeline.refusal(run, True, ("2.11.0+cu130", "0.19.8"))
-    assert "torch 2.11.0+cu130 and DeepSpeed 0.19.8: a planted defect (its log)" in said and "\n" not in said
+    assert "torch 2.11.0+cu130: a planted defect (its log)" in said and "\n" not in said
+    assert timeline.refusal(run, True, ("2.11.0", "0.19.3")) == said.replace("+cu130", "")  # torch's defect
     assert timeline.refusal(run, True, ("2.12.0", "0.19.8")) is None
     assert timeline.refusal(options.run_from({"timeline": "memory"}), True, ("2.11.0+cu130", "0.19.8")) is None
 
@@ -169,3 +170,14 @@ def test_a_run_without_a_timeline_records_none_and_reports_no_line(run_sh):
                for r in rs)
     assert timelines.lines(reading.load_runs(run_sh.folder)) == []
     assert not (run_sh.folder / "timeline.png").exists()
+
+
+def test_the_readmes_timeline_is_a_committed_gpu_default_run_s_stage_0_beside_stage_3():
+    [picture] = re.findall(r"\]\((benchmarks/logs/[^)]+/timeline\.png)\)", (ROOT / "README.md").read_text())
+    folder = (ROOT / picture).parent
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["verdict"] == "PASS" and list(summary["results"]) == ["stage0", "stage3"]
+    assert summary["sized_for"]["device"].startswith("NVIDIA")  # sized for the GPU: the default on one
+    panels = timelines.panels(reading.load_runs(folder))
+    assert [p.name for p in panels] == ["stage0", "stage3"] and (folder / "timeline.png").stat().st_size > 0
+    assert all(p.measured.bytes == pytest.approx(p.predicted.bytes, rel=0.05) for p in panels)
