@@ -290,4 +290,5 @@ def counted(model: Any, layers: list[Any], seq: int, dtype: str, on_gpu: bool, c
     two, _ = kept_at(model, layers, 2, seq, on_gpu, checkpointing, block)
     three, _ = kept_at(model, layers, 3, seq, on_gpu, checkpointing, block)
     attention = ", ".join(sorted(seen["attention"])) or model.config._attn_implementation
-    return Saved(seq=seq, dtype=dtype, on_gpu=on_gpu, attention=attention, one=one, two=two, three=three), seen["parallel"]
+    count = Saved(seq=seq, dtype=dtype, on_gpu=on_gpu, attention=attention, one=one, two=two, three=three)
+    return count, seen["parallel"]
