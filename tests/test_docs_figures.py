@@ -30,8 +30,8 @@ README = ROOT / "README.md"
 LOGS = "benchmarks/logs/"
 H200_DEFAULT = LOGS + "h200/36-step-time/1-default-mb2/results/20261203-125033-TaPl"
 H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
-CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-046398c.txt"
-STEP_LINE = LOGS + "cpu/ci/readme-fresh-clone-046398c.txt"  # docs/running.md's step line, which names its commit
+CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-32b24d4.txt"
+STEP_LINE = LOGS + "cpu/ci/readme-fresh-clone-32b24d4.txt"  # docs/running.md's step line, which names its commit
 HF_LLAMA = LOGS + "h200/39-hf/1-llama/results/20261204-040054-mcYy"
 EVERY_PEAK = LOGS + "cpu/predict/every-peak-9bb249c.txt"
 
@@ -65,8 +65,8 @@ def minutes_seconds(s: str) -> tuple:
 PEAK_ROW = r"^peak memory +([\d.]+) GiB +([\d.]+) GiB +([\d.]+) GiB$"
 FIGURES = [
     # the two commands
-    Figure("It took {} s on a 2-core CPU", CPU_CI, r"VERDICT: PASS\n.*\n\nreal\t0m([\d.]+)s",
-           lambda s: (str(round(float(s))),)),
+    Figure("It took {} s on a 2-core CPU", CPU_CI, r"VERDICT: PASS\n.*\n\nreal\t(\d+)m([\d.]+)s",
+           lambda m, s: (str(round(60 * int(m) + float(s))),)),
     Figure("and {} s on one H200 (", H200_DEFAULT + "/summary.json",
            r'"report_s": [\d.]+,\s*"total_s": ([\d.]+)', lambda s: (str(round(float(s))),)),
     Figure("Run the tests: {} on 2 CPU cores, {} passed and {} skipped", CPU_CI,
