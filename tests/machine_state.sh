@@ -13,6 +13,8 @@ done
 # The sockets and the processes through psutil, DeepSpeed's own dependency: slim GPU images lack ss (iproute2),
 # some ps (procps)
 python3 -c "import psutil" 2> /dev/null || { echo "machine state: cannot record: no psutil" >&2; exit 2; }
+python3 -c "import psutil; psutil.net_connections('inet')" 2> /dev/null ||
+  { echo "machine state: cannot record: psutil may not list this machine's sockets" >&2; exit 2; }
 
 sockets_and_daemons() {
   python3 - <<'PY'
