@@ -715,11 +715,13 @@ def test_a_model_whose_forward_could_not_be_counted_has_its_activations_not_pred
 KEPT = shapes.Kept(total=1000, checkpointed=300, head=100, first_block=200, most_block=250, logits=64 * 8 * 2)
 COUNTED = dataclasses.replace(TINY, vocab=8, vocab_multiple=1, saved=(shapes.Saved(
     seq=64, dtype="bf16", on_gpu=True, attention="flash", one=KEPT,
-    two=shapes.Kept(*(2 * n + 1 for n in dataclasses.astuple(KEPT)))),))
+    two=shapes.Kept(*(2 * n + 1 for n in dataclasses.astuple(KEPT))),
+    three=shapes.Kept(*(3 * n + 2 for n in dataclasses.astuple(KEPT)))),))
 
 
-def test_a_count_at_micro_batches_1_and_2_gives_any_micro_batch_each_row_alike_and_the_shared_once():
+def test_a_count_at_micro_batches_1_2_and_3_gives_any_micro_batch_each_row_alike_and_the_shared_once():
     assert memory.kept_at(COUNTED, "bf16", 3, 64, True).total == 1000 + 2 * 1001
+    assert memory.kept_at(COUNTED, "bf16", 5, 64, True).total == 1000 + 4 * 1001
 
 
 def test_a_count_at_other_settings_than_the_runs_predicts_nothing_and_names_where_it_was_made():

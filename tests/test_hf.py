@@ -71,13 +71,12 @@ def test_every_field_of_the_shape_is_read_off_the_config_the_built_modules_and_t
     assert {name: getattr(shape, name) for name in FIELDS[family]} == FIELDS[family]
 
 
-def kept_and_saved_on_this_cpu(config_path, micro_batch, seq=64):
-    """What the count predicts that the config's model keeps for backward in bf16 on this CPU at micro_batch (the
-    count was made at 1, 2 and 3, on the meta device), and what its forward in training mode saves there: its saved
-    tensors found with saved_tensors_hooks and counted once per storage, the weights, the token ids and the logits
-    (the loss's, apart) left out; each as (bytes kept, the logits' bytes)."""
-    shape, config = inputs.chosen(config_path)
-    shape = hf.counted_at(config, shape, seq, "bf16", False)  # not inputs.counted's, kept from another kernel's
+def kept_and_saved_on_this_cpu(config_path, shape, micro_batch, seq=64):
+    """What shape, the config's count in bf16 on this CPU at seq (made at micro batches 1, 2 and 3, on the meta
+    device), predicts that its model keeps for backward at micro_batch, and what its forward in training mode saves
+    there: its saved tensors found with saved_tensors_hooks and counted once per storage, the weights, the token ids
+    and the logits (the loss's, apart) left out; each as (bytes kept, the logits' bytes)."""
+    _, config = inputs.chosen(config_path)
     with hf.quiet():
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
                                                               attn_implementation=hf.attention(config))
@@ -101,7 +100,8 @@ def kept_and_saved_on_this_cpu(config_path, micro_batch, seq=64):
 def test_what_a_models_forward_saves_on_a_cpu_is_what_its_count_predicts(family):
     """At micro batch 4, one more than the counts: dropout's masks, the experts' routed tokens, a sliding window's
     mask and whichever attention kernel PyTorch runs here are among what is saved."""
-    predicted, saved = kept_and_saved_on_this_cpu(CONFIGS[family], 4)
+    counted = inputs.counted(CONFIGS[family], 64, "bf16", False)
+    predicted, saved = kept_and_saved_on_this_cpu(CONFIGS[family], counted, 4)
     assert predicted == saved
 
 
@@ -110,7 +110,9 @@ def test_one_row_that_keeps_less_than_a_row_of_more_is_counted_apart(micro_batch
     """Multi-query attention on the math path (torch 2.11's choice on a CPU): the key and value heads broadcast to
     the query's stay views when reshaped for one row, and are copied for more, so that a row of one keeps less."""
     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-        predicted, saved = kept_and_saved_on_this_cpu(CONFIGS["falcon"], micro_batch)
+        shape, config = inputs.chosen(CONFIGS["falcon"])
+        counted = hf.counted_at(config, shape, 64, "bf16", False)  # not inputs.counted's, kept from another kernel's
+        predicted, saved = kept_and_saved_on_this_cpu(CONFIGS["falcon"], counted, micro_batch)
     assert predicted == saved
 
 

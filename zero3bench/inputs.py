@@ -10,7 +10,6 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-import deepspeed
 import numpy as np
 import torch
 
@@ -104,7 +103,7 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], options.Run, np.n
     config, autos = config_checks.from_other_tools(config, shape.d_model, where)
     config, run, how = options.resolve(args, config, model, (shape.context, shape.lr), world, host)
     config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, run.micro_batch, where), where)
-    refused = timeline.refusal(run, on_gpu, (torch.__version__, deepspeed.__version__))
+    refused = timeline.refusal(run, on_gpu, torch.__version__)
     if refused:
         raise options.BadInput(refused)
     return config, run, load_tokens(args.data, shape.vocab, run.seq), how + autos

@@ -40,8 +40,8 @@ SNAPSHOT_BREAKS = {"2.11": "cross_entropy_loss returned NULL in a checkpoint's r
                            "DeepSpeed too (benchmarks/logs/h100/3-timeline/snapshot_repro.txt)"}
 
 
-def refusal(run: Run, on_gpu: bool, versions: tuple[str, str]) -> str | None:
-    """Why this run cannot record its timeline as asked, in one line, or None. versions: torch's and DeepSpeed's."""
+def refusal(run: Run, on_gpu: bool, torch_version: str) -> str | None:
+    """Why this run cannot record its timeline as asked, in one line, or None."""
     if run.timeline and run.deepcompile:
         return ("--timeline cannot trace DeepCompile, which gathers and releases the weights in its own graph, "
                 "unseen by the hooks")
@@ -50,7 +50,6 @@ def refusal(run: Run, on_gpu: bool, versions: tuple[str, str]) -> str | None:
     if not on_gpu:
         return ("--timeline=snapshot records the CUDA allocator's history, which a CPU rank has not: --timeline traces "
                 "the resident set instead")
-    torch_version, _ = versions
     defect = SNAPSHOT_BREAKS.get(".".join(torch_version.split(".")[:2]))
     if defect:
         return (f"--timeline=snapshot: recording the allocator's history breaks the step with torch {torch_version}: "

@@ -44,14 +44,12 @@ class Saved:
     attention: str  # the attention kernels counted: "flash", "efficient", "math", "cpu-flash", "eager"
     one: Kept  # at micro batch 1
     two: Kept  # at micro batch 2
-    three: Kept | None = None  # at micro batch 3; None in a record from before it was counted: 2 rows less 1 a row
+    three: Kept  # at micro batch 3
 
     def at(self, micro_batch: int) -> Kept:
         if micro_batch == 1:
             return self.one
-        low, high = (self.two, self.three) if self.three is not None else (self.one, self.two)
-        rows = micro_batch - (2 if self.three is not None else 1)
-        return Kept(*(a + rows * (b - a) for a, b in zip(astuple(low), astuple(high))))
+        return Kept(*(a + (micro_batch - 2) * (b - a) for a, b in zip(astuple(self.two), astuple(self.three))))
 
 
 def padded(vocab: int, multiple: int = 64) -> int:
@@ -179,6 +177,15 @@ def as_record(shape: ModelShape) -> dict[str, Any]:
     return asdict(shape)
 
 
+def third(saved: dict[str, Any]) -> Kept:
+    """A count's micro batch 3 as its record holds it; a record from before it was counted, as its rows then were
+    taken to keep the same from the first: micro batch 2's and a row more."""
+    if saved.get("three"):
+        return Kept(**saved["three"])
+    one, two = astuple(Kept(**saved["one"])), astuple(Kept(**saved["two"]))
+    return Kept(*(2 * b - a for a, b in zip(one, two)))
+
+
 def from_record(d: dict[str, Any]) -> ModelShape:
     """The shape that as_record wrote, its tensors' lists read back as tuples and its counts as records. A record
     from before the activations were counted (issue 56) said of a Hugging Face model whether its block was the
@@ -188,7 +195,7 @@ def from_record(d: dict[str, Any]) -> ModelShape:
     if d.pop("activations_known", True) is False:
         d.update(saved=(), not_counted="its record is older than the count of what its layers keep for backward")
     elif d.get("saved") is not None:
-        d["saved"] = tuple(Saved(**{**s, **{n: Kept(**s[n]) for n in ("one", "two", "three") if s.get(n)}})
+        d["saved"] = tuple(Saved(**{**s, "one": Kept(**s["one"]), "two": Kept(**s["two"]), "three": third(s)})
                            for s in d["saved"])
     return ModelShape(**{**d, "tensors": tensors})
 
