@@ -23,6 +23,10 @@ from zero3bench.options import BadInput
 
 BUNDLED = Path(__file__).resolve().parent.parent / "configs" / "models"  # --model NAME: configs/models/NAME.json
 INSTALL = "pip install -r requirements-hf.txt"
+# transformers 5.17 to 5.22 initialise a model under ZeRO-3 module by module, each with its own weights gathered and
+# its children's left partitioned: an init that a module gives a child's weight (GPT-2's scaled c_proj) writes into
+# an empty shard and draws nothing, so stage 3 trains another model than stage 0 (5.23.0 gathers the children's too)
+OLDEST = "5.23.0"
 ATTENTION = "sdpa"  # PyTorch's scaled_dot_product_attention: flash kernels on a GPU in 16 bits, as model.py's GPT
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "WithLMHead")
 
@@ -113,6 +117,10 @@ def importable(path: Path) -> Any:
         import transformers
     except ImportError as e:
         raise BadInput(f"--model {path} needs transformers and accelerate ({e.name} is missing): {INSTALL}") from None
+    from packaging.version import Version  # transformers' own dependency
+    if Version(transformers.__version__) < Version(OLDEST):
+        raise BadInput(f"--model {path} needs transformers {OLDEST} or newer, not {transformers.__version__}, which "
+                       f"builds some models under ZeRO-3 with other weights than at stage 0: {INSTALL}")
     return transformers
 
 
@@ -331,10 +339,7 @@ def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: 
     HfDeepSpeedConfig, which must outlive the build (transformers holds it by a weak reference)."""
     import transformers
     from transformers.integrations import HfDeepSpeedConfig
-    try:
-        from transformers.initialization import no_init_weights
-    except ImportError:  # transformers 4
-        from transformers.modeling_utils import no_init_weights
+    from transformers.initialization import no_init_weights
     keep = HfDeepSpeedConfig(zero3_config) if zero3_config else None
     if keep:
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype,
@@ -351,15 +356,11 @@ def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: 
 
 
 def checkpointing(model: Any, on: bool) -> None:
-    """The model's own gradient checkpointing, non-reentrant, on or off (transformers 5 renamed the switch; 4 has the
-    old name alone)."""
-    new = hasattr(model, "activation_checkpointing_enable")
-    if on and new:
+    """The model's own activation checkpointing, non-reentrant, on or off."""
+    if on:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    elif on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif model.is_gradient_checkpointing:
-        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
+    elif model.is_activation_checkpointing:
+        model.activation_checkpointing_disable()
 
 
 def built_by() -> str:
