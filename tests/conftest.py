@@ -474,8 +474,9 @@ def default_signals():
 
 def run_sh_signalled(tmp_path_factory, name, act, *args):
     """`bash run.sh --steps 3000 ARGS` in a session of its own, and act(run_sh's Popen, results) once its rank 0
-    has logged step 5; then the exit status, the seconds from act to run.sh's end, the output, the folder, the
-    run's processes still alive just after, and the shared-memory buffers of its port, just before act (as the
+    has logged step 5; then the exit status, the seconds from act to the end of the run's processes (its launcher
+    and ranks) and to run.sh's end (its report written), the output, the folder, the run's processes still alive just
+    after, and the shared-memory buffers of its port, just before act (as the
     run holds them: the glob's positive control) and after."""
     from zero3bench.launches import CPU_PROCESSES  # run.sh's ranks on a machine without GPUs
     results = tmp_path_factory.mktemp(name)
@@ -497,6 +498,9 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
         during = shared_memory_of(running)
         acted = time.monotonic()
         act(proc, results)
+        while run_processes(results) and time.monotonic() < acted + 120:
+            time.sleep(0.1)
+        ended = time.monotonic() - acted
         status = proc.wait(timeout=120)
         seconds = time.monotonic() - acted
         alive = run_processes(results)
@@ -507,7 +511,7 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
     left = shared_memory_of(folder)
     for buffer in left:  # counted, then gone, so that a run that left them does not leave them on the machine
         buffer.unlink(missing_ok=True)
-    return SimpleNamespace(status=status, seconds=seconds, out=out.read_text(), folder=folder, alive=alive,
+    return SimpleNamespace(status=status, ended=ended, seconds=seconds, out=out.read_text(), folder=folder, alive=alive,
                            buffers_during=during, buffers=left)
 
 

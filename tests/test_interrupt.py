@@ -11,11 +11,21 @@ from conftest import ROOT, shared_memory_of
 
 
 @pytest.mark.parametrize("case, signal_name, status", [("ctrl_c", "SIGINT", 130), ("sigterm", "SIGTERM", 143)])
-def test_a_signal_ends_every_process_within_10_s_with_128_plus_its_number(case, signal_name, status, request):
+def test_a_signal_ends_every_process_of_the_run_within_10_s_with_128_plus_its_number(case, signal_name, status,
+                                                                                        request):
     run = request.getfixturevalue(case)
     assert run.status == status, run.out[-3000:]
-    assert run.seconds < 10
+    assert run.ended < 10
     assert run.alive == []
+
+
+@pytest.mark.parametrize("case", ["ctrl_c", "sigterm"])
+def test_the_report_of_an_interrupted_run_is_written_before_a_schedulers_kill(case, request):
+    """Slurm's KillWait and Kubernetes' grace period send SIGKILL 30 s after SIGTERM by default. On a 16-core H100
+    host running the suite on 16 workers, run.sh ended 11.8 s after Ctrl-C (benchmarks/logs/h100/6-suite), when the
+    end of the run's processes and that of its report were not timed apart."""
+    run = request.getfixturevalue(case)
+    assert run.seconds < 30 and (run.folder / "report.txt").exists()
 
 
 @pytest.mark.parametrize("case", ["ctrl_c", "sigterm", "rank_killed"])

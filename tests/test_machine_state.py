@@ -94,9 +94,13 @@ def test_it_records_the_sockets_and_daemons_without_ss_or_ps(home, tmp_path):
     """As on a slim GPU image (iproute2 and procps missing): psutil, which DeepSpeed needs, records them."""
     tools = tmp_path / "bin"
     tools.mkdir()
-    for tool in ("find", "diff", "python3", "sort", "dpkg-query"):
+    for tool in ("find", "diff", "sort", "dpkg-query"):
         if shutil.which(tool):
             (tools / tool).symlink_to(shutil.which(tool))
+    # called by its own path, not linked: a link elsewhere to a virtual environment's python3 (the GPU image's) starts
+    # it without the environment, and so without psutil
+    (tools / "python3").write_text(f'#!/bin/sh\nexec {shutil.which("python3")} "$@"\n')
+    (tools / "python3").chmod(0o755)
     port = free_port()
     with socket.create_server(("127.0.0.1", port)):
         proc = subprocess.run(["/bin/bash", str(CHECK)], capture_output=True, text=True, timeout=120,
