@@ -1,5 +1,5 @@
 """
-Every committed Hugging Face run on GPUs against today's prediction, memory.rank_memory from what each rank counted
+Every committed Hugging Face run on GPUs (an H100's or an H200's folders) against today's prediction, memory.rank_memory from what each rank counted
 and what its model keeps for backward: as the record counted it on its GPU, with the kernels PyTorch chose there
 (records from issue 56 on), else counted again here at the run's settings from its config (zero3bench/hf.py), with
 saved.cuda_rule's kernels. Prints docs/hugging-face.md's table, one row per results folder (each stage's peak,
@@ -21,14 +21,14 @@ from zero3bench.accounting.shapes import ModelShape  # noqa: E402
 
 LOGS = ROOT / "benchmarks" / "logs"
 GIB = 2**30
-HEADER = ["| model | ranks | checkpointing | peak by stage, measured / predicted GiB | largest miss: peak | "
-          "model states | counted | verdict |", "|---|---|---|---|---|---|---|---|"]
+HEADER = ["| GPU | model | ranks | checkpointing | peak by stage, measured / predicted GiB | largest miss: peak | "
+          "model states | counted | verdict |", "|---|---|---|---|---|---|---|---|---|"]
 
 
 def hf_folders() -> list[Path]:
     """The results folders of GPU runs whose records carry a Hugging Face model's shape."""
     found = []
-    for summary in sorted(LOGS.glob("h200*/**/summary.json")):
+    for summary in sorted(LOGS.glob("h[12]00*/**/summary.json")):
         records = [d for rs in json.loads(summary.read_text())["results"].values() for d in rs]
         if records and all((d.get("built") or {}).get("shape") for d in records):
             found.append(summary.parent)
@@ -68,6 +68,9 @@ def row(folder: Path) -> tuple[str, list[str]]:
                          timeout=120).stdout
     stages, peaks, states, lines, kernels = [], [], [], [], set()
     for name, records in runs.items():
+        if not records:  # a run stopped before its record
+            stages.append(f"{name.removeprefix('stage')}: no result")
+            continue
         stages.append(f"{name.removeprefix('stage')}: {max(map(peak, (r for r, _ in records))) / GIB:.2f} / "
                       f"{max(r.predicted.peak or 0 for r, _ in records) / GIB:.2f}")
         for r, kernel in records:
@@ -81,7 +84,7 @@ def row(folder: Path) -> tuple[str, list[str]]:
     model = Path(first.run.model).stem if first.run.model.endswith(".json") else first.run.model
     ranks = f"{first.world_size} rehearsed" if first.rehearsal else str(first.world_size)
     verdict = re.search(r"^VERDICT: (.+)$", out, re.M).group(1)
-    return (f"| {model} | {ranks} | {'on' if first.run.checkpoint else 'off'} | {', '.join(stages)} | "
+    return (f"| {folder.relative_to(LOGS).parts[0].upper()} | {model} | {ranks} | {'on' if first.run.checkpoint else 'off'} | {', '.join(stages)} | "
             f"{largest(peaks)} | {largest(states)} | {'; '.join(sorted(kernels))} | {verdict} |"), lines
 
 

@@ -483,7 +483,12 @@ PEAK_TOLERANCE = 0.05
 # (benchmarks/logs/cpu/backward-probe) finds it twice, autograd's copy and backward's first prefetch, and held an
 # untied output layer's gradient and a prefetch beyond stage3_max_live_parameters in the blocks' backward. Now within
 # 0.1% and -1.1%, and 1.3b on 4 and 8 ranks, -1.6% and -2.6% before, within 0.1%.
-PEAK_MISSES: dict[str, float] = {}
+# Held-out runs that miss, with why. 2.7b's parameter offload on one rank at micro batch 8 (on one H100): its prefetch
+# moment (moments.prefetch_bytes) counts every block's checkpointed input with the most gathered ahead, which
+# DeepSpeed's coordinator reaches 21 of 32 blocks into backward at 2.7b's share of a block (prefetch_probe's
+# as_2.7b_live1e9: 12.7 blocks), when 11 blocks' inputs are left; at 1.3b's share it reaches it 8 of 24 blocks in.
+# The peak, 3.67 GiB, is backward's start (3.68 predicted there)
+PEAK_MISSES = {"h100/8-offload-step/results/20261207-155806-kxlw/summary.json stage3_infinity G1 mb8 ck1": 0.176}
 
 
 def run_name(r):
@@ -530,8 +535,10 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     without checkpointing), 40-heldout and 42-infinity-rehearsed (offload on 2 and 4 rehearsed ranks), and
     43-suite (the test suite's GPU launches) and 44-weights (bf16, fp16 and fp32 on 2 and 4 ranks), and an 80 GB H100's
     h100/1-first-run and 2-sized (the default at 3 and 4 ranks, 760m and 350m on 2 beside a card's worth held),
-    3-timeline (the default traced), 4-offload-step (1.3b and 2.7b at world 1, offloaded and not) and 5-suite (the
-    test suite's GPU launches), run after this test was written: the workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak, hold it
+    3-timeline (the default traced), 4-offload-step (1.3b and 2.7b at world 1, offloaded and not), 5-suite and
+    6-suite (the test suite's GPU launches), 7-families (Gemma 2 2B, GPT-2 XL, Pythia 1.4B, Granite 3.0 2B and
+    Qwen1.5-MoE cut to 2 layers, at world 1) and 8-offload-step (3_offload and 3_infinity at micro batch 2 to 16),
+    run after this test was written: the workspace was fitted on 24-peaks alone; 25-oldest's tiny runs, where it is 90% of the peak, hold it
     too."""
     misses, covered = {}, set()
     for summary, r in records(LOGS):
@@ -548,7 +555,7 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
                                                     "38-step-time2", "39-hf", "40-heldout", "41-hf-rest",
                                                     "42-infinity-rehearsed", "43-suite", "44-weights",
                                                     "1-first-run", "2-sized", "3-timeline", "4-offload-step",
-                                                    "5-suite"}
+                                                    "5-suite", "6-suite", "7-families", "8-offload-step"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
     assert misses == PEAK_MISSES
@@ -956,10 +963,10 @@ def test_the_host_peak_of_every_committed_offload_run_is_within_5_percent_of_its
             found[(str(path.relative_to(LOGS)), Path(r.run.config).stem, r.rank)] = (
                 predicted / r.peaks.host_peak_rss_bytes - 1)
     # 36-step-time's two offloaded runs, 38-step-time2's three, 39-hf's Llama, 40-heldout's 350m, 41-hf-rest's Qwen
-    # and Mistral, 42-infinity-rehearsed's 350m on 2 ranks and 1.3b on 4, and h100/4-offload-step's 1.3b and 2.7b
-    # on one rank among them
-    assert len({run for run, _, _ in found}) == 32
-    assert len(found) == 55
+    # and Mistral, 42-infinity-rehearsed's 350m on 2 ranks and 1.3b on 4, and h100/4-offload-step's and
+    # 8-offload-step's 1.3b and 2.7b on one rank among them
+    assert len({run for run, _, _ in found}) == 35
+    assert len(found) == 59
     assert {run: round(miss, 3) for run, miss in found.items() if abs(miss) > PEAK_TOLERANCE} == {}
 
 

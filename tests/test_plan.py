@@ -451,12 +451,13 @@ def test_fits_leaves_the_stated_headroom_and_says_what_is_left(capsys):
     reserved = (whole["peak"] + whole["freed_grads"]) / GIB  # MemoryTerms.reserved
     p = planned(capsys, "--gpus", 1, "--stages", "0", "--gpu-mem-gib", reserved + 1)  # fits, but not the headroom
     [r] = p["rows"]
-    assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(1 - 6.0)
-    assert "a headroom of 6 GiB (the allocator's reserve 5.5 + the CUDA context 0.5)" in planned_text(
+    assert not r["fits"] and r["headroom_left"] / GIB == pytest.approx(
+        1 - plan.ASSUMED["reserve_gib"][0] - plan.ASSUMED["context_gib"][0])
+    assert "a headroom of 6.5 GiB (the allocator's reserve 6 + the CUDA context 0.5)" in planned_text(
         capsys, "--gpus", 1, "--stages", "0", "--gpu-mem-gib", reserved + 1)
 
 
-def test_the_allocators_reserve_covers_every_committed_h200_run_of_the_projects_configs():
+def test_the_allocators_reserve_covers_every_committed_gpu_run_of_the_projects_configs():
     from test_accounting import LOGS, records
     from zero3bench.reporting.theory import predictable
     from zero3bench.accounting.memory import rank_memory

@@ -260,7 +260,7 @@ BAD_FLAGS = [
     (["--host-gbs", "1e-320", "--offload"], "--host-gbs", "from 0.1 to 100,000"),
     (["--layers", "100000", "--d-model", "1048576", "--heads", "16", "--vocab", "256", "--seq", "64"], "--layers",
      "at most 1e+14"),  # 1.3e18 parameters, where --params stops at 1e14
-    (["--context-gib", "200"], "--context-gib", "below 134.3"),  # larger than the GPU
+    (["--context-gib", "200"], "--context-gib", "below 133.8"),  # larger than the GPU
     (["--gpu-mem-gib", "1e-300"], "--gpu-mem-gib", "from 1 to 1,048,576"),
     (["--gpus", "8.5"], "--gpus", "a whole number from 1 to 1,048,576"),
     (["--host-cores", "0"], "--host-cores", "a whole number from 1 to 16,384"),

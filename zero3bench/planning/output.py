@@ -99,7 +99,7 @@ NOTES = [
     "  steps, stage 3's bucket, cuBLAS's workspace) + the most of backward's start (weights gathered, activations),",
     "  its end (gradients, one block), the reduction after it (stage 0's flat bucket, stages 1-2's partition copy)",
     "  and the optimizer step (gradients, what the step makes): zero3bench/accounting/memory.py's rank_memory,",
-    "  within 5% of every committed H200 run that records its config (tests/test_accounting.py)",
+    "  within 5% of every committed GPU run that records its config but the misses tests/test_accounting.py names",
     "step: serial = compute + every collective; overlapped = per pass the longer of its compute and its collectives,",
     "  plus one layer's share of those, which nothing hides, plus what runs after backward (stage 0's all-reduce,",
     "  stage 1's reduce-scatter, stages 1-2's all-gather, offload's copy back), each over the slowest link it crosses",
