@@ -5,7 +5,11 @@ item 2: within 15%). The calibrating folder's other runs are left out of a copy 
 offload run in it is held out too. Per run: the planned step and its parts (the passes, the copies over the host
 link, the host pass and whether it was measured or assumed), the measured step (the median of its steady steps:
 4 on, not the profiled last) and what that leaves for the host after the planned passes and copies.
-  python3 benchmarks/plan_offload_check.py CALIBRATING_FOLDER FOLDER ...   # FOLDER: results folders, or their parent
+With --host-of-each-run, each run is planned with the host pass that its own probe measured after it trained (the
+record's host_pass, as a calibrating run on its host records it) in place of the calibrating folder's: for offload
+runs made on another host of the same kind than the calibrating one.
+  python3 benchmarks/plan_offload_check.py [--host-of-each-run] CALIBRATING_FOLDER FOLDER ...   # FOLDER: results
+  folders, or their parent
 """
 import json
 import statistics
@@ -52,11 +56,13 @@ def steady(record: dict) -> float | None:
     return statistics.median(times) if times else None
 
 
-def calibrating_copy(folder: Path, into: Path) -> Path:
-    """The folder's stages 0 and 3 alone, in a summary.json of their own."""
+def calibrating_copy(folder: Path, into: Path, host_pass: dict | None = None) -> Path:
+    """The folder's stages 0 and 3 alone, in a summary.json of their own; with host_pass, as each record's."""
     runs = json.loads((folder / "summary.json").read_text())["results"]
+    kept = {k: [{**r, **({"host_pass": host_pass} if host_pass else {})} for r in runs[k]]
+            for k in ("stage0", "stage3") if k in runs}
     into.mkdir()
-    (into / "summary.json").write_text(json.dumps({"results": {k: runs[k] for k in ("stage0", "stage3") if k in runs}}))
+    (into / "summary.json").write_text(json.dumps({"results": kept}))
     return into
 
 
@@ -75,13 +81,16 @@ def plan_of(calibrating: Path, name: str, r: dict) -> dict:
     return json.loads(proc.stdout)
 
 
-def rows(calibrating: Path, model: str, folders: list[Path]) -> tuple[list[Row], dict]:
+def rows(given: Path, into: Path, model: str, folders: list[Path], own_host: bool) -> tuple[list[Row], dict]:
     out, host = [], {}
+    calibrating = calibrating_copy(given, into / given.name)
     for summary in summaries(folders):
         for name, records in json.loads(summary.read_text())["results"].items():
             r = records[0] if records else {}
             if name not in FLAGS or r.get("world_size") != 1 or r.get("model") != model or steady(r) is None:
                 continue
+            if own_host:
+                calibrating = calibrating_copy(given, into / f"{summary.parent.name}-{name}", r["host_pass"])
             p = plan_of(calibrating, name, r)
             [planned] = p["rows"]
             host = p["host_pass"]
@@ -93,11 +102,13 @@ def rows(calibrating: Path, model: str, folders: list[Path]) -> tuple[list[Row],
 
 
 def main() -> int:
-    given, *folders = (Path(a) for a in sys.argv[1:])
+    own_host = "--host-of-each-run" in sys.argv
+    given, *folders = (Path(a) for a in sys.argv[1:] if a != "--host-of-each-run")
     model = json.loads((given / "summary.json").read_text())["results"]["stage0"][0]["model"]
     with tempfile.TemporaryDirectory() as tmp:
-        table, host = rows(calibrating_copy(given, Path(tmp) / given.name), model, [given, *folders])
-    print(f"calibrating: {given} (its stages 0 and 3 alone), {model}")
+        table, host = rows(given, Path(tmp), model, [given, *folders], own_host)
+    print(f"calibrating: {given} (its stages 0 and 3 alone), {model}"
+          + ("; each run's host pass from its own probe, on its host" if own_host else ""))
     for setup, source in host.get("sources", {}).items():
         print(f"  host pass {setup}: {host['core_s'][setup]:.4g} core-s per element on {host['cores']} cores: {source}")
     print("\n| run | setup | micro batch | checkpointing | planned s | measured s | error | passes s | copies s | "
