@@ -18,7 +18,7 @@ for group in "$@"; do
             # ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests marked gpu, not skips them
       command=$(grep -m 1 -x 'python3 -m pip install .* tests' README.md)
       { nvidia-smi -L; echo "PYTEST_ADDOPTS=${PYTEST_ADDOPTS:-} ZERO3BENCH_REQUIRE_GPU=1"; echo "\$ $command"
-        time env -u RESULTS ZERO3BENCH_REQUIRE_GPU=1 timeout -s INT -k 20 "${SUITE_S:-550}" bash -c "$command"; } > "$out/tests.txt" 2>&1
+        time env -u RESULTS ZERO3BENCH_REQUIRE_GPU=1 timeout -s INT -k 20 "${SUITE_S:-575}" bash -c "$command"; } > "$out/tests.txt" 2>&1
       echo "tests: exit $?"
       launched=/tmp/pytest-of-$(id -un)/pytest-current
       tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && find . -maxdepth 2 -type d -name 'gpu_*') ;;
