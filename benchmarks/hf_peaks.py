@@ -1,7 +1,7 @@
 """
-Every committed Hugging Face run on GPUs (an H100's or an H200's folders) against today's prediction, memory.rank_memory from what each rank counted
-and what its model keeps for backward: as the record counted it on its GPU, with the kernels PyTorch chose there
-(records from issue 56 on), else counted again here at the run's settings from its config (zero3bench/hf.py), with
+Every committed Hugging Face run on GPUs (an H100's or an H200's folders) against today's prediction,
+memory.rank_memory from what each rank counted and what its model keeps for backward: as the record counted it on
+its GPU, with the kernels PyTorch chose there (records from issue 56 on), else counted again here at the run's settings from its config (zero3bench/hf.py), with
 saved.cuda_rule's kernels. Prints docs/hugging-face.md's table, one row per results folder (each stage's peak,
 measured and predicted, the largest misses of the peak and of the model states over its ranks, and the verdict),
 then each rank's misses. A folder is a Hugging Face run's where its records carry a shape (parts.Built.shape).
@@ -84,7 +84,8 @@ def row(folder: Path) -> tuple[str, list[str]]:
     model = Path(first.run.model).stem if first.run.model.endswith(".json") else first.run.model
     ranks = f"{first.world_size} rehearsed" if first.rehearsal else str(first.world_size)
     verdict = re.search(r"^VERDICT: (.+)$", out, re.M).group(1)
-    return (f"| {folder.relative_to(LOGS).parts[0].upper()} | {model} | {ranks} | {'on' if first.run.checkpoint else 'off'} | {', '.join(stages)} | "
+    gpu = folder.relative_to(LOGS).parts[0].upper()
+    return (f"| {gpu} | {model} | {ranks} | {'on' if first.run.checkpoint else 'off'} | {', '.join(stages)} | "
             f"{largest(peaks)} | {largest(states)} | {'; '.join(sorted(kernels))} | {verdict} |"), lines
 
 

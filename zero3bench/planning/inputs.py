@@ -48,10 +48,11 @@ ASSUMED = {
     "inter_busbw_gbs": Assumed(45.0, "400 Gb/s InfiniBand per GPU = 50 GB/s, at about 0.9 efficiency"),
     "host_gbs": Assumed(50.0, "PCIe 5.0 x16: 64 GB/s each way, about 0.8 of it achieved (offload's copies only)"),
     "reserve_gib": Assumed(6.0, "the allocator's reserve beyond the reserved bytes predicted: at most 5.88 GiB in any "
-                                "committed GPU run of the project's configs that records its config (Qwen1.5-MoE cut to "
-                                "2 layers, 60 experts, at stage 3 on one H100, h100/7-families, which the 5.5 GiB "
-                                "assumed before did not cover; 5.07 for 2.7b at stage 2 on 4 rehearsed ranks, 32-s12; 4.73 "
-                                "for stage 0 at micro batch 8 without checkpointing on 2, 28-suite-matrix); stages 1 "
+                                "committed GPU run of the project's configs that records its config (Qwen1.5-MoE "
+                                "cut to 2 layers, 60 experts, at stage 3 on one H100, h100/7-families, which the 5.5 "
+                                "GiB assumed before did not cover; 5.07 for 2.7b at stage 2 on 4 rehearsed ranks, "
+                                "32-s12; 4.73 for stage 0 at micro batch 8 without checkpointing on 2, "
+                                "28-suite-matrix); stages 1 "
                                 "and 2, in older runs, up to 4.62 GiB (h200/5-stages-offload-cap); the original "
                                 "design's config, whose 5e8-element buckets it does not plan, up to 8.42 GiB "
                                 "(28-suite-matrix)"),
