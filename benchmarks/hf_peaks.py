@@ -2,9 +2,10 @@
 Every committed Hugging Face run on GPUs (an H100's or an H200's folders) against today's prediction,
 memory.rank_memory from what each rank counted and what its model keeps for backward: as the record counted it on
 its GPU, with the kernels PyTorch chose there (records from issue 56 on), else counted again here at the run's
-settings from its config (zero3bench/hf.py), with saved.cuda_rule's kernels. Prints docs/hugging-face.md's table, one row per results folder (each stage's peak,
-measured and predicted, the largest misses of the peak and of the model states over its ranks, and the verdict),
-then each rank's misses. A folder is a Hugging Face run's where its records carry a shape (parts.Built.shape).
+settings from its config (zero3bench/hf.py), with saved.cuda_rule's kernels. Prints docs/hugging-face.md's table,
+one row per results folder (each stage's peak, measured and predicted, the largest misses of the peak and of the
+model states over its ranks, and the verdict), then each rank's misses. A folder is a Hugging Face run's where its
+records carry a shape (parts.Built.shape).
 
     python3 benchmarks/hf_peaks.py > benchmarks/logs/cpu/predict/hf-peaks-<commit>.txt
 """
