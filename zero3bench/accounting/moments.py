@@ -22,6 +22,8 @@ from zero3bench.stages import shards_params, splits_one_buffer
 # Keyed by twelfths of a block. Not modelled: stage3_max_reuse_distance above 0 (DeepSpeed's default 1e9; the
 # project's configs set 0), not probed, and backward without checkpointing, which gathers ahead too.
 AHEAD = {8: (1 / 4, 3), 12: (1 / 2, 4)}
+# The blocks gathered ahead as backward starts, besides the root's weights (the same probe)
+AHEAD_AT_START = {8: 3, 12: 7}
 
 
 def reduction_copies(width: int, world: int, zero: dict[str, Any], params: int) -> float:
@@ -84,6 +86,19 @@ def gathered_ahead(layers: int, block: float, root: float, params: float, live: 
     return min(live + block, end, params)
 
 
+def inputs_left(twelfths: float, ahead: float, shape: ModelShape) -> float:
+    """The share of the blocks' checkpointed inputs still held when stage 3 holds the most gathered ahead: backward
+    frees a block's input with its gradients, while the blocks ahead, besides the one that backward asks for, grow by
+    2 x twelfths / 12 - 1 of a block at each block from AHEAD_AT_START, so that the most comes that many blocks into
+    backward (prefetch_probe, as this says: at 1.3b's share, 8 of 24 blocks in; at 2.7b's and a cap of 1e9, 21 of 32).
+    All of them where the blocks ahead do not grow."""
+    if twelfths not in AHEAD:
+        return 1.0
+    block = sum(shape.block_tensors[0])
+    into = ((ahead - shape.root_params) / block - 1 - AHEAD_AT_START[twelfths]) / (2 * twelfths / 12 - 1)
+    return min(1.0, max(0.0, 1 - into / shape.layers))
+
+
 def prefetch_reach(zero: dict[str, Any], shape: ModelShape, params: float) -> tuple[float, float]:
     """The twelfths of a block that one prefetch gathers, and the most elements gathered ahead of backward, at a
     config's bucket and cap (prefetched_twelfths, gathered_ahead)."""
@@ -132,8 +147,8 @@ def prefetch_bytes(stage: int, engine: str, width: int, world: int, fetches: boo
                    activations: float) -> float:
     """Stage 3 where it fetches weights (predict.fetches_weights: on more than one rank, or on one whose partitions
     live in host memory), in backward with checkpointing, where the prefetch holds the most ahead (gathered_ahead):
-    those weights, the tied embedding's whole gradient (held_output_grad_elems), every block's checkpointed input, a
-    recomputed block's activations, and a bucket's reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15
+    those weights, the tied embedding's whole gradient (held_output_grad_elems), the checkpointed inputs of the blocks
+    that backward has not reached then (inputs_left), a recomputed block's activations, and a bucket's reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15
     gathered blocks in flight at once, 3.68 GiB at the peak (benchmarks/logs/h200/29-live). Where a prefetch gathers
     more than a block, forward's end has gathered them already, so backward's start, with all its activations, may
     hold more (350m offloaded on 2 ranks: 290M of its 353M partitioned elements gathered there, its peak,
@@ -141,7 +156,7 @@ def prefetch_bytes(stage: int, engine: str, width: int, world: int, fetches: boo
     if not (shards_params(stage) and engine == "deepspeed" and fetches and checkpoint):
         return 0
     twelfths, ahead = prefetch_reach(zero, shape, params)
-    inputs = shape.layers * width * tokens * shape.d_model
+    inputs = shape.layers * width * tokens * shape.d_model * inputs_left(twelfths, ahead, shape)
     deep = (width * (ahead + held_output_grad_elems(shape)) + inputs + last_block
             + reduction_copies(width, world, zero, params))
     return max(deep, width * ahead + activations if twelfths > 12 else 0)
