@@ -33,7 +33,7 @@ H200X2 = LOGS + "h200x2/13-fsdp2/15-final5/r/20261130-212629-JBTr"
 CPU_CI = LOGS + "cpu/ci/readme-fresh-clone-32b24d4.txt"
 STEP_LINE = LOGS + "cpu/ci/readme-fresh-clone-32b24d4.txt"  # docs/running.md's step line, which names its commit
 HF_LLAMA = LOGS + "h200/39-hf/1-llama/results/20261204-040054-mcYy"
-EVERY_PEAK = LOGS + "cpu/predict/every-peak-ce2a2a1.txt"
+EVERY_PEAK = LOGS + "cpu/predict/every-peak-2420cab.txt"
 
 
 @dataclass(frozen=True)
