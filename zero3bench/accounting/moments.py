@@ -147,12 +147,12 @@ def prefetch_bytes(stage: int, engine: str, width: int, world: int, fetches: boo
                    activations: float) -> float:
     """Stage 3 where it fetches weights (predict.fetches_weights: on more than one rank, or on one whose partitions
     live in host memory), in backward with checkpointing, where the prefetch holds the most ahead (gathered_ahead):
-    those weights, the tied embedding's whole gradient (held_output_grad_elems), the checkpointed inputs of the blocks
-    that backward has not reached then (inputs_left), a recomputed block's activations, and a bucket's reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15
-    gathered blocks in flight at once, 3.68 GiB at the peak (benchmarks/logs/h200/29-live). Where a prefetch gathers
-    more than a block, forward's end has gathered them already, so backward's start, with all its activations, may
-    hold more (350m offloaded on 2 ranks: 290M of its 353M partitioned elements gathered there, its peak,
-    29-live/4-trace350m)."""
+    those weights, the tied embedding's whole gradient (held_output_grad_elems), the checkpointed inputs of the
+    blocks that backward has not reached then (inputs_left), a recomputed block's activations, and a bucket's
+    reduction. The offload config's 1e9 cap on 2 rehearsed ranks: 15 gathered blocks in flight at once, 3.68 GiB at
+    the peak (benchmarks/logs/h200/29-live). Where a prefetch gathers more than a block, forward's end has gathered
+    them already, so backward's start, with all its activations, may hold more (350m offloaded on 2 ranks: 290M of
+    its 353M partitioned elements gathered there, its peak, 29-live/4-trace350m)."""
     if not (shards_params(stage) and engine == "deepspeed" and fetches and checkpoint):
         return 0
     twelfths, ahead = prefetch_reach(zero, shape, params)
