@@ -59,7 +59,7 @@ def steady(record: dict) -> float | None:
 def calibrating_copy(folder: Path, into: Path, host_pass: dict | None = None) -> Path:
     """The folder's stages 0 and 3 alone, in a summary.json of their own; with host_pass, as each record's."""
     runs = json.loads((folder / "summary.json").read_text())["results"]
-    kept = {k: [{**r, **({"host_pass": host_pass} if host_pass else {})} for r in runs[k]]
+    kept = {k: [{**r, "host_pass": host_pass} if host_pass else r for r in runs[k]]
             for k in ("stage0", "stage3") if k in runs}
     into.mkdir()
     (into / "summary.json").write_text(json.dumps({"results": kept}))
@@ -83,7 +83,7 @@ def plan_of(calibrating: Path, name: str, r: dict) -> dict:
 
 def rows(given: Path, into: Path, model: str, folders: list[Path], own_host: bool) -> tuple[list[Row], dict]:
     out, host = [], {}
-    calibrating = calibrating_copy(given, into / given.name)
+    calibrating = None if own_host else calibrating_copy(given, into / given.name)
     for summary in summaries(folders):
         for name, records in json.loads(summary.read_text())["results"].items():
             r = records[0] if records else {}

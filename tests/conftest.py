@@ -498,9 +498,7 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
         during = shared_memory_of(running)
         acted = time.monotonic()
         act(proc, results)
-        while run_processes(results) and time.monotonic() < acted + 120:
-            time.sleep(0.1)
-        ended = time.monotonic() - acted
+        ended = seconds_until_ended(results, acted, 120)
         status = proc.wait(timeout=120)
         seconds = time.monotonic() - acted
         alive = run_processes(results)
@@ -513,6 +511,13 @@ def run_sh_signalled(tmp_path_factory, name, act, *args):
         buffer.unlink(missing_ok=True)
     return SimpleNamespace(status=status, ended=ended, seconds=seconds, out=out.read_text(), folder=folder, alive=alive,
                            buffers_during=during, buffers=left)
+
+
+def seconds_until_ended(results, since, limit):
+    """The seconds from since until none of the run's processes is left, waiting at most limit of them."""
+    while run_processes(results) and time.monotonic() < since + limit:
+        time.sleep(0.1)
+    return time.monotonic() - since
 
 
 def shared_memory_of(folder):
@@ -625,9 +630,7 @@ def killed_group(seconds):
     def act(proc, results):
         os.killpg(proc.pid, signal.SIGKILL)
         killed = time.monotonic()
-        while run_processes(results) and time.monotonic() < killed + 30:
-            time.sleep(0.1)
-        seconds.append(time.monotonic() - killed)
+        seconds.append(seconds_until_ended(results, killed, 30))
         while naming(results) and time.monotonic() < killed + 30:
             time.sleep(0.1)
     return act

@@ -13,6 +13,7 @@ pytest.importorskip("accelerate", reason="HfDeepSpeedConfig needs accelerate")
 import torch  # noqa: E402
 
 import plan  # noqa: E402
+from conftest import shared  # noqa: E402
 from zero3bench import hf, inputs  # noqa: E402
 from zero3bench.accounting import memory  # noqa: E402
 from zero3bench.options import DEFAULT_SEQ, BadInput  # noqa: E402
@@ -211,9 +212,9 @@ def test_a_bad_config_exits_2_with_one_line_before_anything_starts(tmp_path):
     assert done.stderr.startswith(f"train_gpt.py: error: --model {path}: max_position_embeddings must be a whole")
 
 
-@pytest.fixture(scope="module")
-def built_alike():
-    """tests/weights_alike.py over every config of tests/models: {family: its line}."""
+@shared
+def built_alike(tmp_path_factory):
+    """tests/weights_alike.py over every config of tests/models, once for all workers: {family: its line}."""
     done = subprocess.run([sys.executable, "tests/weights_alike.py", *CONFIGS.values()], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -225,6 +226,10 @@ def test_every_weight_is_drawn_alike_at_stage_0_and_partitioned_at_stage_3(built
     """transformers 5.17 to 5.22 left GPT-2's scaled c_proj at its first draw under ZeRO-3 (hf.OLDEST): on one H100,
     gpt2-xl's stage 3 then started 1.8% above stage 0's loss, and (a) failed (benchmarks/logs/h100/7-families)."""
     assert built_alike[family] == f"tiny-{family}: alike"
+
+
+def test_the_oldest_transformers_accepted_is_the_one_requirements_hf_names():
+    assert f"transformers>={hf.OLDEST}," in (ROOT / "requirements-hf.txt").read_text()
 
 
 @pytest.mark.parametrize("version", ["5.22.0", "5.17.0", "4.57.1"])

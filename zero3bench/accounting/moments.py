@@ -21,9 +21,8 @@ from zero3bench.stages import shards_params, splits_one_buffer
 # 1.3b and 2.7b, with 12 to 48 blocks, roots of 1.7 to 4 blocks, and every bucket and cap scaled to their block.
 # Keyed by twelfths of a block. Not modelled: stage3_max_reuse_distance above 0 (DeepSpeed's default 1e9; the
 # project's configs set 0), not probed, and backward without checkpointing, which gathers ahead too.
-AHEAD = {8: (1 / 4, 3), 12: (1 / 2, 4)}
-# The blocks gathered ahead as backward starts, besides the root's weights (the same probe)
-AHEAD_AT_START = {8: 3, 12: 7}
+# The third: the blocks gathered ahead as backward starts, besides the root's weights (inputs_left).
+AHEAD = {8: (1 / 4, 3, 3), 12: (1 / 2, 4, 7)}
 
 
 def reduction_copies(width: int, world: int, zero: dict[str, Any], params: int) -> float:
@@ -79,7 +78,7 @@ def gathered_ahead(layers: int, block: float, root: float, params: float, live: 
     if twelfths > 12:
         end = params
     elif twelfths in AHEAD:
-        per_block, besides = AHEAD[twelfths]
+        per_block, besides, _ = AHEAD[twelfths]
         end = (per_block * layers + besides) * block + root
     else:
         end = (1 + twelfths / 12) * block + root
@@ -89,13 +88,14 @@ def gathered_ahead(layers: int, block: float, root: float, params: float, live: 
 def inputs_left(twelfths: float, ahead: float, shape: ModelShape) -> float:
     """The share of the blocks' checkpointed inputs still held when stage 3 holds the most gathered ahead: backward
     frees a block's input with its gradients, while the blocks ahead, besides the one that backward asks for, grow by
-    2 x twelfths / 12 - 1 of a block at each block from AHEAD_AT_START, so that the most comes that many blocks into
-    backward (prefetch_probe, as this says: at 1.3b's share, 8 of 24 blocks in; at 2.7b's and a cap of 1e9, 21 of 32).
+    2 x twelfths / 12 - 1 of a block at each block from AHEAD's third (where backward starts), so that the most comes
+    that many blocks in (prefetch_probe, as this says: at 1.3b's share, 8 of 24 blocks in; at 2.7b's and a cap of 1e9,
+    21 of 32).
     All of them where the blocks ahead do not grow."""
     if twelfths not in AHEAD:
         return 1.0
     block = sum(shape.block_tensors[0])
-    into = ((ahead - shape.root_params) / block - 1 - AHEAD_AT_START[twelfths]) / (2 * twelfths / 12 - 1)
+    into = ((ahead - shape.root_params) / block - 1 - AHEAD[twelfths][2]) / (2 * twelfths / 12 - 1)
     return min(1.0, max(0.0, 1 - into / shape.layers))
 
 
