@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The wheels that a device call carries for the Hugging Face runs (benchmarks/h200_hf.sh, h200_families.sh) and the
-# README's test command (benchmarks/h200_suite.sh): the working tree (41 MiB) and ../shared/device/make_wheels.sh's
+# README's test command (benchmarks/h200_suite.sh): the working tree and ../shared/device/make_wheels.sh's
 # wheels with transformers and accelerate (32 MiB) pass the 64 MiB a call carries. So transformers' models are cut
-# to those that the runs and tests build or name (about 20 MiB in all). Every dependency stays: the test command's pip
+# to those that the runs and tests build or name (about 20 MiB in all). Every dependency the image lacks stays: the test command's pip
 # resolves the dependencies of what is installed, and the device has no network.
 #   bash benchmarks/device_wheels.sh      then run(..., carry=[".whl"]) with "source .whl/device-setup.sh && ..."
 set -euo pipefail
@@ -27,4 +27,7 @@ with zipfile.ZipFile(wheel.with_suffix(".slim"), "w", zipfile.ZIP_DEFLATED) as s
         slim.writestr(entry, data)
 wheel.with_suffix(".slim").replace(wheel)
 PY
+# The image's transformers 5.17.0 and huggingface_hub 1.33.0 ask for these at the same bounds as 5.24.0 and 2.5.0 do
+# (their METADATA), so the image's own copies serve, and the tree (51 MiB of logs by now) stays under 64 MiB
+rm -f .whl/{hf_xet,tokenizers,regex,safetensors,pyyaml,pygments,rich,markdown_it_py,mdurl,typer,shellingham,click,tqdm,filelock,fsspec,packaging}-*.whl
 du -sh .whl
