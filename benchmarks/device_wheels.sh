@@ -28,6 +28,6 @@ with zipfile.ZipFile(wheel.with_suffix(".slim"), "w", zipfile.ZIP_DEFLATED) as s
 wheel.with_suffix(".slim").replace(wheel)
 PY
 # The image's transformers 5.17.0 and huggingface_hub 1.33.0 ask for these at the same bounds as 5.24.0 and 2.5.0 do
-# (their METADATA), so the image's own copies serve, and the tree (51 MiB of logs by now) stays under 64 MiB
-rm -f .whl/{hf_xet,tokenizers,regex,safetensors,pyyaml,pygments,rich,markdown_it_py,mdurl,typer,shellingham,click,tqdm,filelock,fsspec,packaging}-*.whl
+# (their METADATA), so the image's own copies serve (not its tokenizers 0.23.2: it asks for huggingface_hub<2), and the tree (51 MiB of logs by now) stays under 64 MiB
+rm -f .whl/{hf_xet,regex,safetensors,pyyaml,pygments,rich,markdown_it_py,mdurl,typer,shellingham,click,tqdm,filelock,fsspec,packaging}-*.whl
 du -sh .whl
