@@ -13,11 +13,13 @@ ds() { local name=$1; shift; timeout 300 deepspeed --num_gpus 1 train_gpt.py "$@
 for group in "$@"; do
   case $group in
     tests)  # the README's test command, read from it and run as a new user runs it (no RESULTS), the GPUs it saw at
-            # the top; interrupted short of the device call's 10 minutes (SIGINT: pytest still prints its summary), so
+            # the top; interrupted short of the device call's 10 minutes (SIGINT: pytest prints its counts, not always its names), so
             # that what ran stays in the log; then the results folders of the GPU launches (tests/test_gpu.py). Under
-            # ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests marked gpu, not skips them
+            # ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests marked gpu, not skips them. Each
+            # test's outcome on its own line (-vv over the command's -q), since a cut suite prints no summary of names
       command=$(grep -m 1 -x 'python3 -m pip install .* tests' README.md)
-      { nvidia-smi -L; echo "PYTEST_ADDOPTS=${PYTEST_ADDOPTS:-} ZERO3BENCH_REQUIRE_GPU=1"; echo "\$ $command"
+      export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -vv --durations=30"
+      { nvidia-smi -L; echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS ZERO3BENCH_REQUIRE_GPU=1"; echo "\$ $command"
         time env -u RESULTS ZERO3BENCH_REQUIRE_GPU=1 timeout -s INT -k 20 "${SUITE_S:-575}" bash -c "$command"; } > "$out/tests.txt" 2>&1
       echo "tests: exit $?"
       launched=/tmp/pytest-of-$(id -un)/pytest-current

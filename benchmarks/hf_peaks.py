@@ -44,6 +44,11 @@ def counted_shape(r: result.RankResult) -> tuple[ModelShape, str]:
     return inputs.counted(r.run.model, r.run.seq, r.run.dtype, on_gpu=True), "here, CUDA's rule"
 
 
+def counted_model(d: dict) -> bool:
+    """Whether the rank counted its model: one stopped before training did not (h200/46-families' GPT-2 XL)."""
+    return bool(result.RankResult.from_dict(d).shards.params_total)
+
+
 def predicted(d: dict) -> tuple[result.RankResult, str]:
     r = result.RankResult.from_dict(d)
     shape, where = counted_shape(r)
@@ -63,13 +68,13 @@ def largest(misses: list[float | None]) -> str:
 
 def row(folder: Path) -> tuple[str, list[str]]:
     """The folder's row of the table, and a line for each of its rank records."""
-    runs = {name: [predicted(d) for d in rs]
+    runs = {name: [predicted(d) for d in rs if counted_model(d)]
             for name, rs in json.loads((folder / "summary.json").read_text())["results"].items()}
     out = subprocess.run([sys.executable, "report.py", str(folder)], cwd=ROOT, capture_output=True, text=True,
                          timeout=120).stdout
     stages, peaks, states, lines, kernels = [], [], [], [], set()
     for name, records in runs.items():
-        if not records:  # a run stopped before its record
+        if not records:  # a run stopped before its record, or before it counted its model
             stages.append(f"{name.removeprefix('stage')}: no result")
             continue
         stages.append(f"{name.removeprefix('stage')}: {max(map(peak, (r for r, _ in records))) / GIB:.2f} / "

@@ -67,6 +67,18 @@ def test_a_folder_whose_runs_timed_the_host_pass_plans_offload_from_it(capsys, t
     assert " measured " in text.split("\n\n")[1] and "a CPU: CPU Adam 1.12G elements/s" in text
 
 
+def test_of_a_folders_probes_the_fastest_sets_the_host_pass_since_a_hosts_other_work_only_slows_one(capsys, tmp_path):
+    """h200/47-offload-step: the calibrating folder's two probes of one host 1.7x apart, its offload steps at the
+    faster."""
+    folder = calibrating(tmp_path)
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["results"]["stage0"][0]["host_pass"] = {**PROBE, "unscale_s": 0.010, "adam_s": 0.045, "to_gpu_s": 0.03}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    p = planned(capsys, "--from", folder, *OFFLOAD)
+    assert rows(p, "3")[1]["host_pass_s"] == pytest.approx(per_element(PROBE, "to_gpu_s") * PARAMS / 16)
+    assert "CPU Adam 1.12G elements/s" in p["host_pass"]["sources"]["3_offload"]  # the fast probe's, 2^25 / 30 ms
+
+
 def test_a_folders_offload_run_at_world_1_sets_its_host_pass(capsys):
     """92vQ ran 3_offload: what its step left after its passes and copies, not an assumption."""
     p = planned(capsys, "--from", MB2, *OFFLOAD)
