@@ -99,15 +99,17 @@ FIGURES = [
            + "h200/25-oldest/default/full-0.19.3/20261201-142019-mAuG/summary.md",
            r"^# ZeRO benchmark: (\w+)[\s\S]*^\| torch \| ([\d.]+)\+\w+ \|\n\| deepspeed \| ([\d.]+) \|",
            lambda verdict, torch, ds: (torch, ds, verdict)),
-    Figure("torch {}, DeepSpeed {}: {} passed", LOGS + "h200/43-suite/tests.txt",
-           r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*^(\d+) passed"),
+    Figure("torch {}, DeepSpeed {}: {} passed, {} failed, {} errors, cut at {}%, mended since", LOGS + "h200/45-suite/tests.txt",
+           r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*\[ *(\d+)%\]$(?![\s\S]*%\]$)[\s\S]*"
+           r"^(\d+) failed, (\d+) passed, \d+ skipped, (\d+) errors",
+           lambda torch, ds, cut, failed, passed, errors: (torch, ds, passed, failed, errors, cut)),
     Figure("torch {}, DeepSpeed {}: {} passed, {} failed, cut at {}%, mended since", LOGS + "h100/6-suite/tests.txt",
            r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)[\s\S]*\[ *(\d+)%\]$(?![\s\S]*%\]$)[\s\S]*"
            r"^(\d+) failed, (\d+) passed", lambda torch, ds, cut, failed, passed: (torch, ds, passed, failed, cut)),
     # where the memory goes, and offload's plan
     Figure("the default on an {} GB H100 ([log]", LOGS + "h100/3-timeline/default.txt", r"one GPU \(NVIDIA H100 (\d+)GB"),
     Figure("1.3b's `3_offload` at micro batch 8, {} s planned, {} measured on one H100",
-           LOGS + "h100/4-offload-step/check_1.3b.txt", r"^\| \w+ \| 3_offload \| 8 \| on \| ([\d.]+) \| ([\d.]+) \|"),
+           LOGS + "h100/4-offload-step/check_1.3b_fastest.txt", r"^\| \w+ \| 3_offload \| 8 \| on \| ([\d.]+) \| ([\d.]+) \|"),
     # what the code works out: (b)'s expectation, from today's report.py on the two runs
     # the report of the run's day had no predicted peak for Llama: (b) judged none
     Figure("Its report.txt says {};", HF_LLAMA + "/report.txt",
@@ -1133,6 +1135,7 @@ def prose_numbers(text: str) -> list[str]:
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"`[^`]*`", "", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", "", text)  # a commit that it names
     return re.findall(r"(?<![\w.])\d+(?:[.,]\d+)*(?:–\d+x|[A-Za-z]\b)?", text)
 
 
