@@ -16,10 +16,16 @@ for group in "$@"; do
             # the top; interrupted short of the device call's 10 minutes (SIGINT: pytest prints its counts, not always its names), so
             # that what ran stays in the log; then the results folders of the GPU launches (tests/test_gpu.py). Under
             # ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests marked gpu, not skips them. Each
-            # test's outcome on its own line (-vv over the command's -q), since a cut suite prints no summary of names
+            # test's outcome on its own line (-vv over the command's -q), since a cut suite prints no summary of names.
+            # PASSED_IN=LOG (a cut run's tests.txt at the same commit): the tests that passed there are deselected, so
+            # that two calls together run the whole suite on a host too slow for one
       command=$(grep -m 1 -x 'python3 -m pip install .* tests' README.md)
+      if [ -n "${PASSED_IN:-}" ]; then
+        grep -oP '(?<= PASSED )tests/.*?(?= *$)' "$PASSED_IN" | sed 's/^/--deselect=/' > /tmp/passed_before.txt
+        command="$command @/tmp/passed_before.txt"
+      fi
       export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -vv --durations=30"
-      { nvidia-smi -L; echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS ZERO3BENCH_REQUIRE_GPU=1"; echo "\$ $command"
+      { nvidia-smi -L; echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS ZERO3BENCH_REQUIRE_GPU=1 PASSED_IN=${PASSED_IN:-}"; echo "\$ $command"
         time env -u RESULTS ZERO3BENCH_REQUIRE_GPU=1 timeout -s INT -k 20 "${SUITE_S:-575}" bash -c "$command"; } > "$out/tests.txt" 2>&1
       echo "tests: exit $?"
       launched=/tmp/pytest-of-$(id -un)/pytest-current
