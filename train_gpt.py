@@ -280,8 +280,9 @@ def start(run, config, tokens, r):
     r.env = machine.environment(device)
     r.link_bytes_per_s = machine.link_bandwidth(device, r.world_size, placement.rehearsal, placement.ranks_per_node)
     # said where it JIT-builds, not in the second or two it takes to load after that: one screen of run.sh's output
-    with phase(r.rank, "loading DeepSpeed's CPU Adam, to time offload's host step after training", quiet_under_s=30):
-        r.host_pass = hostpass.load_cpu_adam()
+    if hostpass.timed_here(device, placement.rehearsal):
+        with phase(r.rank, "loading DeepSpeed's CPU Adam, to time offload's host step later", quiet_under_s=30):
+            r.host_pass = hostpass.load_cpu_adam()
     try:
         build_and_train(run, config, tokens, r, device)
     except RuntimeError as e:
@@ -388,7 +389,8 @@ def main(argv=None):
     Stop.phase = "done"
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     finishing.finish(r, shape_for(run), measure.memory_snapshot(device))
-    if r.host_pass is None and not (r.error or r.interrupted_by):  # its host memory is no part of the run's peaks
+    # after training, so that its host memory is no part of the run's peaks
+    if r.host_pass is None and hostpass.timed_here(device, bool(r.rehearsal)) and not (r.error or r.interrupted_by):
         r.host_pass = hostpass.probe(device, DTYPES[run.dtype], hostpass.partition_of(r.shards.params_total, world))
     publish(r)
     machine.leave(world, exits.rank_status(r.oom, r.error, r.interrupted_by, bool(r.diverged or r.nonfinite_loss)))

@@ -943,7 +943,7 @@ DOCS = [
            "faster: planned {} to {} too long", LOGS + "plan/two-gpus-f5a2c43.txt", "", page=MEASUREMENT, read=two_gpus),
     Figure("3_infinity's parts took {} to {} core-ns per element from 2^23 to 2^27 elements, and {} to {} at 2^20",
            LOGS + "cpu/hostpass/rate-f86c18c.txt", "", page=MEASUREMENT, read=host_pass_rate),
-    Figure("CPU Adam's op, {} s on this project's 2 shared cores; after it each run loads it in {} to {} s",
+    Figure("CPU Adam's op, {} s on this project's 2 shared cores; after it a run loads it in {} to {} s",
            LOGS + "cpu/hostpass/cost-f86c18c.txt", "", page=MEASUREMENT, read=host_pass_cost),
     Figure("for 1.3b ({} s for `3_offload`, {} s for `3_infinity`", LOGS + "plan/step-check-18aea3b.txt",
            r"CPU Adam on 16 cores: 3_offload ([\d.]+) s, 3_infinity ([\d.]+) s", page=MEASUREMENT),

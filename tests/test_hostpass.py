@@ -1,10 +1,9 @@
-"""Every run times offload's host pass on its host after training (issue 57, item 1): DeepSpeed's own CPU Adam and
-what stage 3 does around it, on a slice of the rank's partition and on the threads the rank had, recorded in its
-RESULT line with the host's cores and CPU; a host that cannot build CPU Adam says why and trains; a record from
+"""Every GPU's own rank times offload's host pass on its host after training (issue 57, item 1): DeepSpeed's own
+CPU Adam and what stage 3 does around it, on a slice of the rank's partition and on the threads the rank had,
+recorded in its RESULT line with the host's cores and CPU; CPU ranks and a rehearsal's, whose folders plan.py takes
+no speed from, do not build CPU Adam for it; a host that cannot build CPU Adam says why and trains; a record from
 before it, or a reader from before it, still reads."""
 import json
-import math
-import os
 
 import pytest
 import torch
@@ -14,26 +13,27 @@ from zero3bench import machine, parts, result
 from zero3bench.accounting import hostpass
 from zero3bench.reporting import reading
 
-TIMED = ("unscale_s", "adam_s", "to_host_s")
+
+def test_a_cpu_rank_times_no_host_pass_since_plan_refuses_a_folder_of_cpu_ranks(run_sh):
+    assert [r.get("host_pass") for name in ("stage0", "stage3") for r in run_sh.runs[name]] == [None] * 4
+    assert "loading DeepSpeed's CPU Adam" not in (run_sh.folder / "stage0.log").read_text()
 
 
-def test_every_rank_records_its_host_pass_on_its_share_of_the_hosts_cores(run_sh):
-    """2 CPU ranks of the tiny model: each times its half of the 462,336 parameters on half of the cores, which
-    train_gpt.py gives each CPU rank; no GPU, so no copy into a GPU's weights."""
-    for name in ("stage0", "stage3"):
-        for r in run_sh.runs[name]:
-            h = r["host_pass"]
-            assert h["elements"] == math.ceil(r["params_total"] / 2) == 231_168
-            assert h["threads"] == max(1, os.cpu_count() // 2) and h["host_cores"] == len(os.sched_getaffinity(0))
-            assert h["cpu"] and h["dtype"] == "bfloat16" and "why_not" not in h
-            assert all(h[key] > 0 for key in TIMED) and h["to_gpu_s"] is None
+def test_a_gpus_own_rank_times_the_host_pass_and_a_rehearsals_or_a_cpus_does_not():
+    assert hostpass.timed_here(torch.device("cuda", 0), rehearsal=False)
+    assert not hostpass.timed_here(torch.device("cuda", 0), rehearsal=True)
+    assert not hostpass.timed_here(torch.device("cpu"), rehearsal=False)
 
 
-def test_the_slice_is_the_ranks_partition_at_most_slice(monkeypatch):
+def test_the_probe_times_each_part_on_the_ranks_threads_and_the_slice_is_its_partition_at_most_slice(monkeypatch):
+    """On a CPU, no GPU to copy the weights into."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(machine.extensions_folder()))  # where the runs build CPU Adam
     monkeypatch.setattr(hostpass, "SLICE", 4096)
     assert hostpass.load_cpu_adam() is None
-    assert hostpass.probe(torch.device("cpu"), torch.bfloat16, 10**12).elements == 4096
+    h = hostpass.probe(torch.device("cpu"), torch.bfloat16, 10**12)
+    assert h.elements == 4096 and h.threads == torch.get_num_threads() and h.host_cores == hostpass.host_cores()
+    assert h.cpu and h.dtype == "bfloat16" and h.why_not is None
+    assert all(t > 0 for t in (h.unscale_s, h.adam_s, h.to_host_s)) and h.to_gpu_s is None
     assert hostpass.probe(torch.device("cpu"), torch.bfloat16, 1000).elements == 1000
 
 

@@ -1,10 +1,10 @@
 """
-Offload's step on the host, timed on this host by every run, so that a plan of offload needs no offload run: the
-parts of DeepSpeed's stage-3 optimizer step that run on the CPU when it offloads the optimizer (stage3.py's step(),
-per sub-group): the fp32 gradients unscaled (unscale_and_clip_grads, one mul_), DeepSpeed's own DeepSpeedCPUAdam
-on the fp32 master weights, and their copy into the training weights: with 3_offload the GPU's (a blocking copy_
-that converts on the CPU, then copies), with 3_infinity's offload_param the host's pinned ones. Each is timed on a
-slice of the rank's partition, on the threads the rank had, as the node's ranks share the cores.
+Offload's step on the host, timed on its host by every GPU's own rank, so that a plan of offload needs no offload
+run: the parts of DeepSpeed's stage-3 optimizer step that run on the CPU when it offloads the optimizer (stage3.py's
+step(), per sub-group): the fp32 gradients unscaled (unscale_and_clip_grads, one mul_), DeepSpeed's own
+DeepSpeedCPUAdam on the fp32 master weights, and their copy into the training weights: with 3_offload the GPU's (a
+blocking copy_ that converts on the CPU, then copies), with 3_infinity's offload_param the host's pinned ones. Each
+is timed on a slice of the rank's partition, on the threads the rank had, as the node's ranks share the cores.
 """
 from __future__ import annotations
 
@@ -78,6 +78,13 @@ def host() -> dict[str, int | str | None]:
 
 def why(e: Exception) -> str:
     return f"{type(e).__name__}: {e}".splitlines()[0]
+
+
+def timed_here(device: torch.device, rehearsal: bool) -> bool:
+    """Whether a rank times the host pass: a GPU's own does, since plan.py --from refuses a folder of CPU ranks and
+    takes no speed from a rehearsal; there CPU Adam's JIT build (minutes on this project's 2 cores, 51 s on a
+    16-core H100 host: h100/7-families) would make the first run slower for nothing."""
+    return device.type == "cuda" and not rehearsal
 
 
 def load_cpu_adam() -> parts.HostPass | None:
