@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU (H200 or H100, 16 cores), one device call of about 7 minutes (BUDGET_S=420 of runs): offload's step at
 # world 1 planned from the README's calibrating command alone, against offload runs measured on the same machine
-# (issue 57, item 2). Every run times its host pass after training (zero3bench/accounting/hostpass.py), and the
-# plan takes it from the calibrating runs. In the order of what they tell, each started while 60 s of the budget
+# (issue 57, item 2). Each run on a GPU of its own times its host pass after training
+# (zero3bench/accounting/hostpass.py), and the plan takes it from the calibrating runs. In the order of what they tell, each started while 60 s of the budget
 # are left, and stopped at the end of it (run.sh keeps what finished):
 # 1. 1.3b: the README's command (stages 0 and 3, micro batch 16, 30 steps); its first run JIT-builds CPU Adam
 # 2. the host pass alone (benchmarks/host_pass_rate.py): linear in the elements from 2^22 to 2^27? by threads

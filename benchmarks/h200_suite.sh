@@ -3,7 +3,7 @@
 #   bash benchmarks/h200_suite.sh OUT_DIR GROUP ...
 # GROUP: tests env verdicts rehearsal checkpoint lr stage3 mfu fusedadam compile baselines
 # On the device machine: bash benchmarks/h200_suite.sh "$OUT" tests (one call: the suite must end within 10 minutes)
-# Every run's log lands under OUT_DIR; nothing here is parsed by grep, report.py reads the RESULT lines.
+# Every run's log lands under OUT_DIR; report.py reads the RESULT lines (grep reads only PASSED_IN's PASSED ones).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1; shift
@@ -13,15 +13,17 @@ ds() { local name=$1; shift; timeout 300 deepspeed --num_gpus 1 train_gpt.py "$@
 for group in "$@"; do
   case $group in
     tests)  # the README's test command, read from it and run as a new user runs it (no RESULTS), the GPUs it saw at
-            # the top; interrupted short of the device call's 10 minutes (SIGINT: pytest prints its counts, not always its names), so
-            # that what ran stays in the log; then the results folders of the GPU launches (tests/test_gpu.py). Under
-            # ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests marked gpu, not skips them. Each
-            # test's outcome on its own line (-vv over the command's -q), since a cut suite prints no summary of names.
-            # PASSED_IN=LOG (a cut run's tests.txt at the same commit): the tests that passed there are deselected, so
-            # that two calls together run the whole suite on a host too slow for one
+            # the top; interrupted short of the device call's 10 minutes (SIGINT: pytest prints its counts, not
+            # always its names), so that what ran stays in the log; then the results folders of the GPU launches
+            # (tests/test_gpu.py). Under ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests
+            # marked gpu, not skips them. Each test's outcome on its own line (-vv over the command's -q), since a
+            # cut suite prints no summary of names. PASSED_IN=LOG (a cut run's tests.txt at the same commit): the
+            # tests that passed there are deselected, so that two calls run the whole suite on a host too slow for one
       command=$(grep -m 1 -x 'python3 -m pip install .* tests' README.md)
       if [ -n "${PASSED_IN:-}" ]; then
         grep -oP '(?<= PASSED )tests/.*?(?= *$)' "$PASSED_IN" | sed 's/^/--deselect=/' > /tmp/passed_before.txt
+        [ -s /tmp/passed_before.txt ] || { echo "PASSED_IN=$PASSED_IN names no passed test (a log of -vv)"; exit 2; }
+        echo "tests: $(wc -l < /tmp/passed_before.txt) that passed in $PASSED_IN deselected"
         command="$command @/tmp/passed_before.txt"
       fi
       export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -vv --durations=30"

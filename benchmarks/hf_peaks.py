@@ -86,7 +86,7 @@ def row(folder: Path) -> tuple[str, list[str]]:
             lines.append(f"{folder.relative_to(LOGS)} {name} rank {r.rank}: peak "
                          f"{'not predicted' if peaks[-1] is None else f'{peaks[-1]:+.2%}'}, states {states[-1]:+.2%}, "
                          f"attention {kernel}")
-    first = runs[next(iter(runs))][0][0]
+    first = next(r for records in runs.values() for r, _ in records)
     model = Path(first.run.model).stem if first.run.model.endswith(".json") else first.run.model
     ranks = f"{first.world_size} rehearsed" if first.rehearsal else str(first.world_size)
     verdict = re.search(r"^VERDICT: (.+)$", out, re.M).group(1)

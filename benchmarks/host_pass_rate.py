@@ -1,8 +1,8 @@
 """
-Offload's host pass timed as every run times it after training (zero3bench/accounting/hostpass.py), over the slice's
-elements and the threads: whether each part's time is linear in the elements, which the plan assumes when it scales
-the slice a run timed (at most hostpass.SLICE) to a partition of billions; and how it goes with the threads, where
-the plan gives each rank of a node its share of the cores at the rate per core. On a GPU host the copy into the
+Offload's host pass timed as a GPU's own rank times it after training (zero3bench/accounting/hostpass.py), over the
+slice's elements and the threads: whether each part's time is linear in the elements, which the plan assumes when it
+scales the slice a run timed (at most hostpass.SLICE) to a partition of billions; and how it goes with the threads,
+where the plan gives each rank of a node its share of the cores at the rate per core. On a GPU host the copy into the
 GPU's weights is timed too. First, the seconds that DeepSpeedCPUAdam's op takes to load (or JIT-build).
   python3 benchmarks/host_pass_rate.py [--log2-sizes 16 27] [--threads 1 2 4 ...] [--dtype bf16]
 """

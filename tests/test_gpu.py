@@ -241,6 +241,15 @@ def test_on_one_gpu_the_1_3b_peak_is_predicted_within_5_percent_at_1_rank_and_in
 
 
 @gpu
+def test_on_one_gpu_a_rank_of_its_own_times_the_host_pass_and_a_rehearsed_one_does_not(gpu_sweep):
+    for name, rs in records_at(gpu_sweep.runs, 1).items():
+        [r] = rs
+        h = r["host_pass"]
+        assert h["elements"] == min(r["params_total"], 1 << 25) and h["to_gpu_s"] > 0 and "why_not" not in h, name
+    assert [r.get("host_pass") for rs in records_at(gpu_sweep.runs, 2).values() for r in rs] == [None] * 4
+
+
+@gpu
 def test_on_one_gpu_at_1_rank_no_collective_moves_data_over_nccl(gpu_sweep):
     for name, rs in records_at(gpu_sweep.runs, 1).items():
         [r] = rs

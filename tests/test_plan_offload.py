@@ -9,6 +9,7 @@ import pytest
 
 from test_plan import MB2, planned, planned_text, rows, run_of
 from test_plan_inputs import one_clean_line, record, refused
+from zero3bench import parts
 from zero3bench.accounting import timing
 from zero3bench.planning import steptime
 
@@ -77,6 +78,17 @@ def test_of_a_folders_probes_the_fastest_sets_the_host_pass_since_a_hosts_other_
     p = planned(capsys, "--from", folder, *OFFLOAD)
     assert rows(p, "3")[1]["host_pass_s"] == pytest.approx(per_element(PROBE, "to_gpu_s") * PARAMS / 16)
     assert "CPU Adam 1.12G elements/s" in p["host_pass"]["sources"]["3_offload"]  # the fast probe's, 2^25 / 30 ms
+
+
+def test_the_fastest_probe_is_one_made_on_the_plans_cores_and_the_largest_slice():
+    """A rank of one thread costs a fraction of 16 threads' core-seconds, and a small slice runs in the caches:
+    neither is the pass of 16 cores on a partition of billions."""
+    on = {"16 threads": PROBE, "16 threads, slower": {**PROBE, "adam_s": 0.06},
+          "1 thread of 2 ranks": {**PROBE, "threads": 1, "adam_s": 0.001},
+          "a small slice": {**PROBE, "elements": 1 << 20, "unscale_s": 1e-4, "adam_s": 5e-4, "to_gpu_s": 3e-4}}
+    ranks = {"1 thread of 2 ranks": 2}
+    h = steptime.host_pass([(parts.HostPass(**p), ranks.get(name, 1)) for name, p in on.items()])
+    assert h.cores == 16 and h.core_s["3_offload"] == pytest.approx(per_element(PROBE, "to_gpu_s"))
 
 
 def test_a_folders_offload_run_at_world_1_sets_its_host_pass(capsys):

@@ -125,7 +125,7 @@ def read_folder(path: Path) -> Folder:
               if isinstance(r.link_busbw, dict) and one_node([r])]
     curve = {int(k): v for k, v in curves[0].items()} if curves else None
     alone = steptime.at_world_one({name: records[name][0] for name, rs in own_gpus.items() if steady_times(rs[0])})
-    passes = [(r.host_pass, r.ranks_per_node or 1) for rs in runs.values() for r in rs if r.host_pass]
+    passes = [(r.host_pass, r.ranks_per_node or 1) for rs in own_gpus.values() for r in rs if r.host_pass]
     return Folder(path, machine(runs, path, calibrated), ", ".join(devices) or None, curve, calibrated, rehearsals,
                   alone, [(h, ranks) for h, ranks in passes if not h.why_not],
                   sorted({h.why_not for h, _ in passes if h.why_not}))
@@ -152,7 +152,8 @@ def folder_warnings(folder: Folder, planned: Planned) -> list[str]:
     if folder.rehearsals:
         are = "is a rehearsal" if len(folder.rehearsals) == 1 else "are rehearsals"
         warnings.append(f"{at}: {', '.join(folder.rehearsals)} {are} (ranks sharing one GPU), whose speed is not "
-                        f"real: the plan takes the GPU's memory from a rehearsal, not its MFU or its link")
+                        f"real: the plan takes the GPU's memory from a rehearsal, not its MFU, its link or "
+                        f"offload's host pass")
     c = folder.calibration
     if planned.mfu_given:
         return warnings

@@ -216,22 +216,30 @@ def probed(p: Probe) -> dict[str, float]:
             if copy is not None}
 
 
+def node_cores(p: Probe, ranks: int) -> int:
+    """The cores that a probe's rank and the other ranks of its node ran on together."""
+    return min(p.threads * ranks, p.host_cores or p.threads * ranks)
+
+
 def host_pass(probes: list[tuple[Probe, int]], where: str = "") -> HostPass:
-    """The host pass from the probes of a folder's ranks (each with its node's ranks, which shared its cores: the
-    fastest of each setup's), else the assumption; its cores are those its probes' ranks ran on, per node. The
-    fastest, since what else a host does only slows a probe: h200/47-offload-step's calibrating folder timed one
-    host's pass at 27.9 and 16.2 core-ns per element, and its offload runs' steps left it 15.5 to 17.4."""
+    """The host pass from the probes of a folder's ranks (each with its node's ranks, which shared its cores), else
+    the assumption; its cores are those its probes' ranks ran on, per node. Of the probes made on those cores and on
+    the largest slice (a smaller one runs in the caches; one thread a rank costs a fraction of 16 threads' core-s),
+    the fastest, since what else a host does only slows a probe: h200/47-offload-step's calibrating folder timed
+    one host's pass at 27.9 and 16.2 core-ns per element, and its offload runs' steps left it 15.5 to 17.4."""
     rates = [(probed(p), p, ranks) for p, ranks in probes if probed(p)]
     core_s = {s: ASSUMED_HOST_CORE_S[s] for s in OFFLOADS}
     sources = {s: ASSUMED_HOST.format(setup=s) for s in OFFLOADS}
+    if not rates:
+        return HostPass(core_s, sources, HOST_CORES)
+    cores = statistics.median_low([node_cores(p, ranks) for _, p, ranks in rates])
+    alike = [(r, p) for r, p, ranks in rates if node_cores(p, ranks) == cores]
+    largest = max(p.elements for _, p in alike)
     for setup in OFFLOADS:
-        figures = [(r[setup], p) for r, p, _ in rates if setup in r]
+        figures = [(r[setup], p) for r, p in alike if p.elements == largest and setup in r]
         if figures:
             core_s[setup], fastest = min(figures, key=lambda figure: figure[0])
             sources[setup] = f"measured by DeepSpeedCPUAdam's probe in {where} ({said(fastest, setup)})"
-    if not rates:
-        return HostPass(core_s, sources, HOST_CORES)
-    cores = statistics.median_low([min(p.threads * ranks, p.host_cores or p.threads * ranks) for _, p, ranks in rates])
     return HostPass(core_s, sources, cores, max(p.host_cores or 0 for _, p, _ in rates) or None)
 
 
