@@ -44,13 +44,7 @@ def counted_shape(r: result.RankResult) -> tuple[ModelShape, str]:
     return inputs.counted(r.run.model, r.run.seq, r.run.dtype, on_gpu=True), "here, CUDA's rule"
 
 
-def counted_model(d: dict) -> bool:
-    """Whether the rank counted its model: one stopped before training did not (h200/46-families' GPT-2 XL)."""
-    return bool(result.RankResult.from_dict(d).shards.params_total)
-
-
-def predicted(d: dict) -> tuple[result.RankResult, str]:
-    r = result.RankResult.from_dict(d)
+def predicted(r: result.RankResult) -> tuple[result.RankResult, str]:
     shape, where = counted_shape(r)
     finishing.add_predictions(r, shape, r.zero_config or {})
     return r, f"{', '.join(s.attention for s in shape.saved) or shape.not_counted} ({where})"
@@ -68,7 +62,8 @@ def largest(misses: list[float | None]) -> str:
 
 def row(folder: Path) -> tuple[str, list[str]]:
     """The folder's row of the table, and a line for each of its rank records."""
-    runs = {name: [predicted(d) for d in rs if counted_model(d)]
+    # a rank stopped before it counted its model (h200/46-families' GPT-2 XL) has nothing to predict
+    runs = {name: [predicted(r) for r in map(result.RankResult.from_dict, rs) if r.shards.params_total]
             for name, rs in json.loads((folder / "summary.json").read_text())["results"].items()}
     out = subprocess.run([sys.executable, "report.py", str(folder)], cwd=ROOT, capture_output=True, text=True,
                          timeout=120).stdout

@@ -1025,7 +1025,8 @@ def test_each_page_links_each_log_it_takes_a_figure_from(figure):
 # every figure is the newest of its kind
 
 # a log named for the commit it measured (every-peak-9d36bef.txt), and a numbered session's folder (h200/43-suite)
-COMMIT_NAMED = r"(?<=-)(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?=[-.])"
+COMMIT = r"(?=[0-9a-f]*\d)[0-9a-f]{7,40}"
+COMMIT_NAMED = rf"(?<=-){COMMIT}(?=[-.])"
 NUMBERED = r"(?:^|(?<=/))\d+(?=-)"
 
 
@@ -1135,7 +1136,7 @@ def prose_numbers(text: str) -> list[str]:
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"`[^`]*`", "", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
-    text = re.sub(r"\b(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b", "", text)  # a commit that it names
+    text = re.sub(rf"\b(?=[0-9a-f]*[a-f]){COMMIT}\b", "", text)  # a commit that it names
     return re.findall(r"(?<![\w.])\d+(?:[.,]\d+)*(?:–\d+x|[A-Za-z]\b)?", text)
 
 
