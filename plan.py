@@ -120,16 +120,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def hf_shape(model: str, seq: int | None) -> ModelShape:
+def hf_shape(model: str, seq: int | None, checkpoint: bool = True) -> ModelShape:
     """A Hugging Face config's shape (zero3bench/hf.py), at seq, else its context up to train_gpt.py's default,
-    with what it keeps for backward counted there on the meta device, for a GPU in cluster.DTYPE."""
+    with what it keeps for backward counted there on the meta device, for a GPU in cluster.DTYPE; refused where
+    train_gpt.py would refuse its run."""
     from zero3bench import hf
     from zero3bench.accounting.memory import missing
     path = hf.config_path(model)
     if path is None:
         raise BadInput(f"--model {model} is a preset: give it as --preset")
     config = hf.transformers_config(hf.read_config(path), path)
+    hf.check_checkpointing(config, checkpoint, model)
     shape = hf.shape_of(config)
+    if seq is not None and seq > shape.context:  # as options.resolve: the meta device would count it all the same
+        raise BadInput(f"--seq {seq} is outside the {model} model's context of 1..{shape.context} tokens")
     seq = seq or min(shape.context, DEFAULT_SEQ)
     shape = hf.counted_at(config, replace(shape, context=seq), seq, cluster.DTYPE, on_gpu=True)
     absent = missing(shape, cluster.DTYPE, shape.context, True)
@@ -158,7 +162,7 @@ def resolve_model(args: argparse.Namespace) -> Model:
     elif args.model:
         if args.preset or args.params:
             raise BadInput("give --model, --preset or --params, one of them")
-        shape, name = hf_shape(args.model, args.seq), args.model
+        shape, name = hf_shape(args.model, args.seq, args.checkpoint), args.model
     elif args.params and not args.preset:
         return Model("params", round(args.params))
     else:

@@ -31,9 +31,10 @@ def saved_on_this_cpu(path: str, micro_batch: int = 3, seq: int = 64) -> tuple[i
     model.train()
     ids = torch.arange(micro_batch * seq).remainder(config.vocab_size).view(micro_batch, seq)
     given = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers(), ids]}
-    saved = {}
+    saved, held = {}, []
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def pack(tensor: torch.Tensor) -> torch.Tensor:  # each storage held: one freed would free its address for another
+        held.append(tensor.untyped_storage())
         saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
         return tensor
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

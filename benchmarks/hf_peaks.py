@@ -27,11 +27,12 @@ HEADER = ["| GPU | model | ranks | checkpointing | peak by stage, measured / pre
 
 
 def hf_folders() -> list[Path]:
-    """The results folders of GPU runs whose records carry a Hugging Face model's shape."""
+    """The results folders of GPU runs whose records carry a Hugging Face model's shape, where a rank counted it."""
     found = []
     for summary in sorted(LOGS.glob("h[12]00*/**/summary.json")):
         records = [d for rs in json.loads(summary.read_text())["results"].values() for d in rs]
-        if records and all((d.get("built") or {}).get("shape") for d in records):
+        if (records and all((d.get("built") or {}).get("shape") for d in records)
+                and any(d.get("params_total") for d in records)):
             found.append(summary.parent)
     return found
 

@@ -2,6 +2,7 @@
 and accelerate are optional: without them these tests skip, and the GPT's run on."""
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ pytest.importorskip("accelerate", reason="HfDeepSpeedConfig needs accelerate")
 import torch  # noqa: E402
 
 import plan  # noqa: E402
-from conftest import shared  # noqa: E402
+from conftest import assert_refused, shared  # noqa: E402
 from zero3bench import hf, inputs  # noqa: E402
 from zero3bench.accounting import memory  # noqa: E402
 from zero3bench.options import DEFAULT_SEQ, BadInput  # noqa: E402
@@ -133,7 +134,7 @@ def test_a_model_whose_forward_reads_its_activations_values_is_not_predicted_and
     shape = inputs.counted.__wrapped__(str(path), 64, "bf16", True)
     assert shape.saved == () and shape.not_counted.startswith("JetMoeTopKGating cannot run on the meta device")
     with pytest.raises(BadInput, match="its activations are not predicted, so no peak can be planned: JetMoeTopKG"):
-        plan.hf_shape(str(path), 64)
+        plan.hf_shape(str(path), 64, checkpoint=False)  # JetMoE's class cannot checkpoint
 
 
 def test_a_family_without_sdpa_is_built_with_transformers_own_attention(tmp_path):
@@ -261,8 +262,8 @@ def test_plans_deepspeed_estimate_is_deepspeeds_own_on_the_built_model(family):
 def test_plan_refuses_a_family_whose_peak_it_cannot_predict_in_one_line_naming_the_module(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(UNCOUNTABLE))
-    done = subprocess.run([sys.executable, "plan.py", "--model", str(path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "plan.py", "--model", str(path), "--no-checkpoint"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "its activations are not predicted, so no peak can be planned: JetMoeTopKGating" in done.stderr
 
@@ -279,3 +280,102 @@ def test_a_plan_of_a_hugging_face_model_is_at_its_seq_else_its_context_up_to_tra
     at_512 = plan.resolve_model(plan.parse_args(["--model", "llama-3.2-1b", "--seq", "512"])).shape
     assert at_512.context == 512 and [s.seq for s in at_512.saved] == [512]
     assert plan.resolve_model(plan.parse_args(["--model", "llama-3.2-1b"])).shape.context == DEFAULT_SEQ
+
+
+# Families beyond tests/models, tiny, that a held-out battery of 74 configs found read, refused or counted wrong
+BEYOND = {
+    "mpt": {"model_type": "mpt", "d_model": 64, "n_heads": 4, "n_layers": 2, "expansion_ratio": 2, "max_seq_len": 256,
+            "vocab_size": 512},
+    "dbrx": {"model_type": "dbrx", "d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 256, "vocab_size": 512,
+             "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 10000},
+             "ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}},
+    "doge": {"model_type": "doge", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
+             "max_position_embeddings": 256, "keep_window_size": 32, "is_moe": False},
+    "gpt_neox_japanese": {"model_type": "gpt_neox_japanese", "num_hidden_layers": 2, "hidden_size": 64,
+                          "num_attention_heads": 4, "intermediate_multiple_size": 2, "vocab_size": 512,
+                          "max_position_embeddings": 256},
+    "mamba": {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 512, "state_size": 8},
+    "biogpt": {"model_type": "biogpt", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "max_position_embeddings": 256, "vocab_size": 512},
+    "deepseek_v3": {"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                    "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 256,
+                    "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
+                    "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "n_group": 1,
+                    "topk_group": 1, "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+                    "qk_nope_head_dim": 8, "v_head_dim": 16},
+    "opt": {"model_type": "opt", "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "word_embed_proj_dim": 64, "max_position_embeddings": 256, "vocab_size": 512},
+}
+
+
+@pytest.fixture
+def beyond(tmp_path):
+    """beyond(family): the path of BEYOND's config of the family."""
+    def path(family):
+        written = tmp_path / f"{family}.json"
+        written.write_text(json.dumps(BEYOND[family]))
+        return str(written)
+    return path
+
+
+def test_a_context_that_the_family_calls_max_seq_len_is_the_models_context(beyond):
+    """MPT's: read as none, it was 2048, and the default seq of 1024 overran its ALiBi biases of 256 positions."""
+    assert inputs.chosen(beyond("mpt"))[0].context == 256
+    assert plan.hf_shape(beyond("mpt"), None).context == 256
+
+
+def test_plan_refuses_a_seq_beyond_the_models_context_as_train_gpt_does(check):
+    """The meta device indexes no embedding: the count would succeed, and the run would fail in its first step."""
+    refusal = f"--seq 512 is outside the {CONFIGS['gpt2']} model's context of 1..256 tokens"
+    assert_refused(check("--model", CONFIGS["gpt2"], "--seq", "512"), refusal)
+    with pytest.raises(BadInput, match=re.escape(refusal)):
+        plan.hf_shape(CONFIGS["gpt2"], 512)
+
+
+def test_a_family_that_transformers_cannot_checkpoint_is_refused_with_checkpointing_on(beyond, check):
+    refusal = "transformers cannot checkpoint GPTNeoXJapaneseForCausalLM's activations"
+    assert_refused(check("--model", beyond("gpt_neox_japanese")), refusal, "give --no-checkpoint")
+    with pytest.raises(BadInput, match=refusal):
+        plan.hf_shape(beyond("gpt_neox_japanese"), 64)
+    assert check("--model", beyond("gpt_neox_japanese"), "--no-checkpoint").status == 0
+
+
+def test_a_model_without_attention_heads_is_refused_naming_what_it_lacks(beyond):
+    with pytest.raises(BadInput, match="model_type 'mamba' names no attention heads .num_attention_heads.: a model "
+                                       "without attention"):
+        inputs.chosen(beyond("mamba"))
+
+
+def test_a_forward_that_sizes_a_tensor_by_its_activations_values_is_not_predicted_and_says_which_module(beyond):
+    """DBRX's experts loop over the tokens routed to each (torch.nonzero), which the meta device cannot list."""
+    shape = inputs.counted(beyond("dbrx"), 64, "bf16", True)
+    assert shape.saved == () and shape.not_counted.startswith("DbrxExperts reads the values of its activations "
+                                                              "(nonzero, whose output is as large as they say)")
+
+
+HELD_OUT = ["doge", "biogpt", "gpt_neox_japanese", "deepseek_v3", "opt"]
+
+
+@pytest.mark.parametrize("family", HELD_OUT)
+def test_a_held_out_familys_counted_shape_is_the_built_models(beyond, family):
+    shape, config = inputs.chosen(beyond(family))
+    with hf.quiet():
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert shape.params == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", HELD_OUT)
+def test_what_a_held_out_familys_forward_saves_on_a_cpu_is_what_its_count_predicts(beyond, family):
+    """Doge's learned mask, which the CPU's flash kernel cannot give a gradient; BioGPT's blocks, which its class names
+    not; a family that cannot checkpoint, counted without; DeepSeek's dense first block; OPT's functional dropout."""
+    predicted, saved = kept_and_saved_on_this_cpu(beyond(family), inputs.counted(beyond(family), 64, "bf16", False), 4)
+    assert predicted == saved
+
+
+@pytest.mark.parametrize("family, fields", [("deepseek_v3", dict(experts=4, top_k=2, ffn=32)),
+                                            ("opt", dict(dropout=0.1)), ("mpt", dict(positions="none", context=256))])
+def test_a_field_is_read_wherever_the_model_holds_it(beyond, family, fields):
+    """The experts of a model whose first blocks are dense; a dropout that a block applies as a function."""
+    shape = inputs.chosen(beyond(family))[0]
+    assert {name: getattr(shape, name) for name in fields} == fields

@@ -27,6 +27,7 @@ INSTALL = "pip install -r requirements-hf.txt"
 # its children's left partitioned: an init that a module gives a child's weight (GPT-2's scaled c_proj) writes into
 # an empty shard and draws nothing, so stage 3 trains another model than stage 0 (5.23.0 gathers the children's too)
 OLDEST = "5.23.0"
+CONTEXTS = ("max_position_embeddings", "max_seq_len")  # the longest sequence, as families name it (MPT the second)
 ATTENTION = "sdpa"  # PyTorch's scaled_dot_product_attention: flash kernels on a GPU in 16 bits, as model.py's GPT
 CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "WithLMHead")
 
@@ -129,7 +130,10 @@ def check_sizes(config: Any, where: str) -> None:
     builds 0 or a negative one, or fails on it in an op of its own)."""
     sizes = {name: getattr(config, name, None) for name in
              ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")}
-    optional = {name: getattr(config, name, None) for name in ("head_dim", "max_position_embeddings")}
+    if sizes["num_attention_heads"] is None:
+        raise BadInput(f"{where}: model_type {config.model_type!r} names no attention heads (num_attention_heads): a "
+                       "model without attention (a state-space one: Mamba, RWKV) is not one this benchmark counts")
+    optional = {name: getattr(config, name, None) for name in ("head_dim", *CONTEXTS)}
     for name, value in {**sizes, **{k: v for k, v in optional.items() if v is not None}}.items():
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             raise BadInput(f"{where}: {name} must be a whole number of at least 1, not {value!r}")
@@ -142,12 +146,15 @@ def check_sizes(config: Any, where: str) -> None:
 
 
 def decoder_layers(model: Any, layers: int) -> list[Any]:
-    """The model's blocks: its modules of the class that transformers keeps whole (_no_split_modules)."""
+    """The model's blocks: its modules of the class that transformers keeps whole (_no_split_modules), else, where
+    the family names none (BioGPT, CTRL, OpenAI GPT), its one list of `layers` modules of a class."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    lists = [] if names else [list(m) for m in model.modules() if type(m).__name__ == "ModuleList"
+                              and len(m) == layers and len({type(b) for b in m}) == 1]
+    blocks = [m for m in model.modules() if type(m).__name__ in names] if names else (lists or [[]])[0]
     if len(blocks) != layers:
-        raise BadInput(f"--model: found {len(blocks)} decoder layers ({', '.join(sorted(names)) or 'none named'}), "
-                       f"not the config's {layers}")
+        found = ", ".join(sorted(names)) or f"none named, and {len(lists)} lists of {layers} modules of a class"
+        raise BadInput(f"--model: found {len(blocks)} decoder layers ({found}), not the config's {layers}")
     return blocks
 
 
@@ -167,7 +174,7 @@ def model_is_tied(model: Any) -> bool:
     return out is not None and out.weight is model.get_input_embeddings().weight
 
 
-UNSET_CONTEXT = 2048  # the default run's sequence where a config names no context (ALiBi's Bloom, MPT)
+UNSET_CONTEXT = 2048  # the default run's sequence where a config names no context (ALiBi's Bloom)
 
 
 def nearest_rate(params: int) -> float:
@@ -264,11 +271,11 @@ def positions_of(model: Any) -> str:
 
 
 def dropout_of(model: Any) -> float:
-    """The largest dropout that training applies: the Dropout modules', and attention's own probability."""
+    """The largest dropout that training applies: the Dropout modules', and the probabilities that modules keep for
+    a functional dropout of their own (attention's, OPT's blocks')."""
     found = [getattr(m, "p", 0.0) for m in model.modules() if type(m).__name__ == "Dropout"]
-    found += [v for m in model.modules() if type(m).__name__.endswith("Attention")
-              for k, v in vars(m).items() if k in ("attention_dropout", "attn_pdrop", "dropout")
-              and isinstance(v, float)]
+    found += [v for m in model.modules() for k, v in vars(m).items()
+              if k.endswith(("dropout", "pdrop")) and isinstance(v, float)]
     return max(found, default=0.0)
 
 
@@ -300,14 +307,16 @@ def shape_of(config: Any) -> ModelShape:
     model = meta_model(config)
     no_empty_tensor(model)
     blocks = decoder_layers(model, config.num_hidden_layers)
-    tensors, (attention, mlp), d = counted_tensors(model, blocks), parts(blocks[0]), config.hidden_size
-    (kv, head), (kind, inner, experts) = heads_of(config, attention), mlp_of(mlp, d)
+    tensors, attention, d = counted_tensors(model, blocks), parts(blocks[0])[0], config.hidden_size
+    # the MLP of the block with the most experts (DeepSeek's first blocks are dense), else the first block's
+    (kv, head), (kind, inner, experts) = heads_of(config, attention), max((mlp_of(parts(b)[1], d) for b in blocks),
+                                                                         key=lambda mlp: mlp[2])
     norm, vectors = norm_of(model, blocks)
     bias = any(getattr(m, "bias", None) is not None for b in blocks for m in b.modules()
                if getattr(getattr(m, "weight", None), "dim", lambda: 0)() >= 2)
     return ModelShape(layers=config.num_hidden_layers, heads=config.num_attention_heads, d_model=d,
                       vocab=config.vocab_size, lr=nearest_rate(sum(map(sum, tensors.groups))),
-                      context=getattr(config, "max_position_embeddings", None) or UNSET_CONTEXT,  # check_sizes: >= 1
+                      context=next(filter(None, (getattr(config, name, None) for name in CONTEXTS)), UNSET_CONTEXT),
                       kv_heads=kv, ffn=inner, mlp=kind, tied=model_is_tied(model), norm_kind=norm,
                       positions=positions_of(model), bias=bias, vocab_multiple=1, tensors=tensors, head_dim=head,
                       norm_vectors=vectors, experts=experts, top_k=experts_of(config, experts),
@@ -323,9 +332,9 @@ def counted_at(config: Any, shape: ModelShape, seq: int, dtype: str, on_gpu: boo
     model = meta_model(config, width)
     with quiet():
         blocks = decoder_layers(model, config.num_hidden_layers)
+        switch = (lambda on: checkpointing(model, on)) if can_checkpoint(config) else None
         try:
-            count, parallel = saved.counted(model, blocks, seq, dtype, on_gpu, lambda on: checkpointing(model, on),
-                                            parts(blocks[0]))
+            count, parallel = saved.counted(model, blocks, seq, dtype, on_gpu, switch, parts(blocks[0]))
         except saved.Uncountable as e:
             return replace(shape, saved=(), not_counted=str(e))
     return replace(shape, saved=(*(shape.saved or ()), count), not_counted="", parallel=parallel)
@@ -353,6 +362,22 @@ def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: 
         model.init_weights()
     checkpointing(model, checkpoint)
     return model, keep
+
+
+def can_checkpoint(config: Any) -> bool:
+    """Whether transformers can checkpoint the family's activations (its supports_gradient_checkpointing)."""
+    from transformers.models.auto import modeling_auto
+    return bool(getattr(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "supports_gradient_checkpointing",
+                        False))
+
+
+def check_checkpointing(config: Any, on: bool, model: str) -> None:
+    """A run or a plan with checkpointing on, refused for a family that transformers cannot checkpoint."""
+    if on and not can_checkpoint(config):
+        from transformers.models.auto import modeling_auto
+        name = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__
+        raise BadInput(f"--model {model}: transformers cannot checkpoint {name}'s activations "
+                       "(supports_gradient_checkpointing is False): give --no-checkpoint")
 
 
 def checkpointing(model: Any, on: bool) -> None:

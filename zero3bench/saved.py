@@ -35,6 +35,9 @@ FLASH, EFFICIENT, MATH, CUDNN, CPU_FLASH = "flash", "efficient", "math", "cudnn"
 BACKENDS = {0: MATH, 1: FLASH, 2: EFFICIENT, 3: CUDNN}  # torch.nn.attention.SDPBackend's values
 VALUED = 1 << 22  # elements: the largest tensor computed from the token ids alone whose values are kept beside
 aten = torch.ops.aten
+# ops whose output's size is in the values that they read (a per-expert loop's tokens, DBRX's)
+SIZED_BY_VALUES = {aten.nonzero.default, aten.masked_select.default, aten.repeat_interleave.Tensor,
+                   aten._unique2.default, aten.unique_consecutive.default, aten.unique_dim.default}
 
 
 class Uncountable(Exception):
@@ -54,9 +57,11 @@ def cuda_rule(q: torch.Tensor, mask: torch.Tensor | None, gqa: bool) -> str:
 def asked(device: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float,
           causal: bool, gqa: bool) -> str:
     """The kernel that PyTorch chooses on the device for these dtypes, heads, positions and mask
-    (torch._fused_sdp_choice), asked with one row of each: the choice does not read the rows."""
+    (torch._fused_sdp_choice), asked with one row of each, as each requires grad: the choice does not read the rows,
+    but a CPU's flash kernel gives no gradient to a mask that needs one (Doge's learned one)."""
     def row(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else torch.zeros((1, *t.shape[1:]), dtype=t.dtype, device=device)
+        return None if t is None else torch.zeros((1, *t.shape[1:]), dtype=t.dtype, device=device,
+                                                  requires_grad=t.requires_grad)
     choice = torch._fused_sdp_choice(row(q), row(k), row(v), row(mask), dropout, causal, enable_gqa=gqa)
     kernel = BACKENDS.get(int(choice), MATH)
     return CPU_FLASH if device == "cpu" and kernel == FLASH else kernel
@@ -162,6 +167,9 @@ class Forward(TorchDispatchMode):
                 raise Uncountable(f"{self.where()} reads a value of its activations (Tensor.item), which the meta "
                                   "device does not compute")
             return self.values[args[0]].item()
+        if func in SIZED_BY_VALUES and not all(t in self.values for t in tensors_in((args, kwargs))):
+            raise Uncountable(f"{self.where()} reads the values of its activations ({func.overloadpacket.__name__}, "
+                              "whose output is as large as they say), which the meta device does not compute")
         out = func(*args, **kwargs)
         if func is aten.native_layer_norm.default and not self.on_gpu:
             # the meta kernel keeps the mean and rstd in fp32, as CUDA's does; the CPU's keeps them in the input's
@@ -265,23 +273,25 @@ def forward_kept(model: Any, layers: list[Any], micro_batch: int, seq: int, on_g
 
 
 def kept_at(model: Any, layers: list[Any], micro_batch: int, seq: int, on_gpu: bool,
-            checkpointing: Callable[[bool], None], block: tuple[Any, Any]) -> tuple[Kept, dict[str, Any]]:
+            checkpointing: Callable[[bool], None] | None, block: tuple[Any, Any]) -> tuple[Kept, dict[str, Any]]:
     """What the model keeps for backward at one micro batch: a forward without checkpointing (whose kernels and
-    block it returns too), then one with."""
-    plain = forward_kept(model, layers, micro_batch, seq, on_gpu, block)
-    checkpointing(True)
-    try:
-        checkpointed = forward_kept(model, layers, micro_batch, seq, on_gpu, (None, None))
-    finally:
-        checkpointing(False)
+    block it returns too), then one with; a model that cannot checkpoint (checkpointing None), whose runs with it
+    are refused (hf.check_checkpointing), keeps the same."""
+    plain = checkpointed = forward_kept(model, layers, micro_batch, seq, on_gpu, block)
+    if checkpointing is not None:
+        checkpointing(True)
+        try:
+            checkpointed = forward_kept(model, layers, micro_batch, seq, on_gpu, (None, None))
+        finally:
+            checkpointing(False)
     blocks = [plain["kept"].get(i, 0) for i in range(len(layers))]
     return Kept(total=sum(plain["kept"].values()), checkpointed=sum(checkpointed["kept"].values()),
                 head=plain["kept"].get(AFTER, 0), first_block=blocks[0], most_block=max(blocks),
                 logits=plain["logits"]), plain
 
 
-def counted(model: Any, layers: list[Any], seq: int, dtype: str, on_gpu: bool, checkpointing: Callable[[bool], None],
-            block: tuple[Any, Any]) -> tuple[Saved, bool | None]:
+def counted(model: Any, layers: list[Any], seq: int, dtype: str, on_gpu: bool,
+            checkpointing: Callable[[bool], None] | None, block: tuple[Any, Any]) -> tuple[Saved, bool | None]:
     """What a model built on the meta device in dtype keeps for backward at seq, on a GPU or a CPU, at micro
     batches 1, 2 and 3 (shapes.Saved), and whether its first block, block's (attention, MLP), is a parallel one
     (watching); Uncountable where its forward cannot run there."""
