@@ -2,10 +2,12 @@
 Each tiny config of tests/models through `bash run.sh --model CONFIG` on this machine's CPU ranks (stages 0 and 3, 2
 ranks): its model states against the prediction (the report's error row), its verdict, and what its forward saves
 for backward, found with saved_tensors_hooks on this CPU in bf16 at micro batch 3, against the count on the meta
-device (tests/test_hf.py's test, in numbers). Prints one row per config; run.sh's folders stay in OUT_DIR.
+device (tests/test_hf.py's test, in numbers). Prints one row per config; run.sh's folders stay in OUT_DIR. With
+FAMILY names, the configs of benchmarks/families.json instead (benchmarks/heldout_saved.py's).
 
-    python3 benchmarks/cpu_families.py OUT_DIR > benchmarks/logs/cpu/hf-families/families-<commit>.txt
+    python3 benchmarks/cpu_families.py OUT_DIR [FAMILY ...] > benchmarks/logs/cpu/hf-families/families-<commit>.txt
 """
+import json
 import os
 import re
 import subprocess
@@ -55,11 +57,22 @@ def through_run_sh(path: str, out: Path) -> tuple[str, str, str]:
     return f"{states[1]}, {states[2]}", f"{states[3]}, {states[4]}", verdict.group(1) if verdict else "-"
 
 
+def configs(out: Path, families: list[str]) -> list[str]:
+    """tests/models' configs, else the families' of benchmarks/families.json, written to out."""
+    if not families:
+        return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "models").glob("*.json"))
+    written = json.loads((ROOT / "benchmarks" / "families.json").read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    for family in families:
+        (out / f"{family}.json").write_text(json.dumps(written[family]))
+    return [str(out / f"{family}.json") for family in families]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     print("| config | saved on this CPU, bytes | counted | model states, stage 0 and 3 | error | verdict |")
     print("|---|---|---|---|---|---|")
-    for path in sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "models").glob("*.json")):
+    for path in configs(out, sys.argv[2:]):
         counted, predicted, kernels = saved_on_this_cpu(path)
         states, error, verdict = through_run_sh(path, out)
         print(f"| {Path(path).stem} | {counted:,} | {predicted:,} ({kernels}) | {states} | {error} | {verdict} |",

@@ -671,6 +671,19 @@ NUMBER_WORDS = dict(enumerate(("No", "One", "Two", "Three", "Four", "Five", "Six
                                "Eleven", "Twelve")))
 
 
+HELD_OUT_SAVED = LOGS + "cpu/hf-heldout/saved-318c08c.txt"
+
+
+def held_out_saved() -> tuple:
+    """benchmarks/heldout_saved.py's lines, one a config of benchmarks/families.json: those whose parameters and saved
+    bytes are the count's, all of them, and the families (model types) among them."""
+    lines = re.findall(r"^[\w-]+: (.*)$", (ROOT / HELD_OUT_SAVED).read_text(), re.M)
+    families = json.loads((ROOT / "benchmarks" / "families.json").read_text())
+    assert len(lines) == len(families)
+    same = [line for line in lines if line.startswith("params") and "as built" in line and ": the same;" in line]
+    return str(len(same)), str(len(lines)), str(len({config["model_type"] for config in families.values()}))
+
+
 def held_out_families() -> tuple:
     """benchmarks/heldout_families.py's runs through run.sh: each `== name[:seed]: exit 0` header followed by its
     `VERDICT: PASS`, counted and named as the page names them (seeds, and the Qwen2-MoE with a wide shared expert)."""
@@ -826,6 +839,8 @@ DOCS = [
     # docs/hugging-face.md
     Figure("{} tiny configs of families this code was not written for ({}) PASS through run.sh on 2 CPU ranks",
            HELD_OUT_FAMILIES, "", page="docs/hugging-face.md", read=held_out_families),
+    Figure("So do {} of the {} tiny configs that a held-out battery wrote by hand for {} families", HELD_OUT_SAVED, "",
+           page="docs/hugging-face.md", read=held_out_saved),
     # docs/layout.md
     Figure("Over the test suite it found {} values outside their hints at a4e63fc", TYPES + "hints-runtime-a4e63fc.txt",
            r"^(\d+) distinct values outside their hints", page="docs/layout.md"),

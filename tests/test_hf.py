@@ -331,6 +331,7 @@ def test_plan_refuses_a_seq_beyond_the_models_context_as_train_gpt_does(check):
     assert_refused(check("--model", CONFIGS["gpt2"], "--seq", "512"), refusal)
     with pytest.raises(BadInput, match=re.escape(refusal)):
         plan.hf_shape(CONFIGS["gpt2"], 512)
+    assert plan.hf_shape(CONFIGS["gpt2"], 256).context == 256  # its whole context
 
 
 def test_a_family_that_transformers_cannot_checkpoint_is_refused_with_checkpointing_on(beyond, check):
@@ -338,7 +339,12 @@ def test_a_family_that_transformers_cannot_checkpoint_is_refused_with_checkpoint
     assert_refused(check("--model", beyond("gpt_neox_japanese")), refusal, "give --no-checkpoint")
     with pytest.raises(BadInput, match=refusal):
         plan.hf_shape(beyond("gpt_neox_japanese"), 64)
+
+
+def test_a_family_that_transformers_cannot_checkpoint_runs_and_plans_without(beyond, check):
     assert check("--model", beyond("gpt_neox_japanese"), "--no-checkpoint").status == 0
+    args = plan.parse_args(["--model", beyond("gpt_neox_japanese"), "--no-checkpoint"])
+    assert plan.resolve_model(args).shape.saved
 
 
 def test_a_model_without_attention_heads_is_refused_naming_what_it_lacks(beyond):
