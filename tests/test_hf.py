@@ -298,6 +298,10 @@ BEYOND = {
     "mamba": {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 512, "state_size": 8},
     "biogpt": {"model_type": "biogpt", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 4, "max_position_embeddings": 256, "vocab_size": 512},
+    "ctrl": {"model_type": "ctrl", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "dff": 128,
+             "vocab_size": 512},
+    "llama4": {"model_type": "llama4", "text_config": {"num_hidden_layers": 2, "hidden_size": 64,
+                                                       "num_attention_heads": 4, "vocab_size": 512}},
     "deepseek_v3": {"model_type": "deepseek_v3", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                     "num_key_value_heads": 4, "vocab_size": 512, "max_position_embeddings": 256,
                     "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
@@ -348,9 +352,14 @@ def test_a_family_that_transformers_cannot_checkpoint_runs_and_plans_without(bey
 
 
 def test_a_model_without_attention_heads_is_refused_naming_what_it_lacks(beyond):
-    with pytest.raises(BadInput, match="model_type 'mamba' names no attention heads .num_attention_heads.: a model "
-                                       "without attention"):
+    with pytest.raises(BadInput, match="no num_attention_heads in model_type 'mamba': a model without attention"):
         inputs.chosen(beyond("mamba"))
+
+
+def test_a_multimodal_config_is_refused_naming_its_text_models_config(beyond):
+    with pytest.raises(BadInput, match="model_type 'llama4' keeps its sizes in text_config: give that as a config of "
+                                       "its own .model_type 'llama4_text'."):
+        inputs.chosen(beyond("llama4"))
 
 
 def test_a_forward_that_sizes_a_tensor_by_its_activations_values_is_not_predicted_and_says_which_module(beyond):
@@ -360,21 +369,18 @@ def test_a_forward_that_sizes_a_tensor_by_its_activations_values_is_not_predicte
                                                               "(nonzero, whose output is as large as they say)")
 
 
-HELD_OUT = ["doge", "biogpt", "gpt_neox_japanese", "deepseek_v3", "opt"]
-
-
-@pytest.mark.parametrize("family", HELD_OUT)
-def test_a_held_out_familys_counted_shape_is_the_built_models(beyond, family):
+@pytest.mark.parametrize("family", ["biogpt", "ctrl"])
+def test_a_family_that_names_no_block_class_is_counted_as_built(beyond, family):
     shape, config = inputs.chosen(beyond(family))
     with hf.quiet():
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert shape.params == sum(p.numel() for p in model.parameters())
 
 
-@pytest.mark.parametrize("family", HELD_OUT)
+@pytest.mark.parametrize("family", ["doge", "biogpt", "gpt_neox_japanese"])
 def test_what_a_held_out_familys_forward_saves_on_a_cpu_is_what_its_count_predicts(beyond, family):
     """Doge's learned mask, which the CPU's flash kernel cannot give a gradient; BioGPT's blocks, which its class names
-    not; a family that cannot checkpoint, counted without; DeepSeek's dense first block; OPT's functional dropout."""
+    not; a family that cannot checkpoint, counted without."""
     predicted, saved = kept_and_saved_on_this_cpu(beyond(family), inputs.counted(beyond(family), 64, "bf16", False), 4)
     assert predicted == saved
 

@@ -128,11 +128,14 @@ def importable(path: Path) -> Any:
 def check_sizes(config: Any, where: str) -> None:
     """The sizes that every causal language model has, and those that some have where they are set (transformers
     builds 0 or a negative one, or fails on it in an op of its own)."""
-    sizes = {name: getattr(config, name, None) for name in
-             ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")}
+    sizes = {n: getattr(config, n, None) for n in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                                     "vocab_size")}
+    if (text := config.get_text_config()) is not config:  # a multimodal family's (Llama 4's): it trains its text model
+        raise BadInput(f"{where}: model_type {config.model_type!r} keeps its sizes in text_config: give that as a "
+                       f"config of its own (model_type {text.model_type!r})")
     if sizes["num_attention_heads"] is None:
-        raise BadInput(f"{where}: model_type {config.model_type!r} names no attention heads (num_attention_heads): a "
-                       "model without attention (a state-space one: Mamba, RWKV) is not one this benchmark counts")
+        raise BadInput(f"{where}: no num_attention_heads in model_type {config.model_type!r}: a model without "
+                       "attention (a state-space one: Mamba, RWKV) is not one this benchmark counts")
     optional = {name: getattr(config, name, None) for name in ("head_dim", *CONTEXTS)}
     for name, value in {**sizes, **{k: v for k, v in optional.items() if v is not None}}.items():
         if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
@@ -149,24 +152,33 @@ def decoder_layers(model: Any, layers: int) -> list[Any]:
     """The model's blocks: its modules of the class that transformers keeps whole (_no_split_modules), else, where
     the family names none (BioGPT, CTRL, OpenAI GPT), its one list of `layers` modules of a class."""
     names = set(getattr(model, "_no_split_modules", None) or [])
-    lists = [] if names else [list(m) for m in model.modules() if type(m).__name__ == "ModuleList"
-                              and len(m) == layers and len({type(b) for b in m}) == 1]
-    blocks = [m for m in model.modules() if type(m).__name__ in names] if names else (lists or [[]])[0]
+    blocks = [m for m in model.modules() if type(m).__name__ in names] if names else listed_blocks(model, layers)
     if len(blocks) != layers:
-        found = ", ".join(sorted(names)) or f"none named, and {len(lists)} lists of {layers} modules of a class"
+        found = ", ".join(sorted(names)) or f"none named, nor one list of {layers} modules of a class"
         raise BadInput(f"--model: found {len(blocks)} decoder layers ({found}), not the config's {layers}")
     return blocks
+
+
+def listed_blocks(model: Any, layers: int) -> list[Any]:
+    """The model's one list of `layers` modules of a class; none where it has more than one such list."""
+    lists = [list(m) for m in model.modules()
+             if type(m).__name__ == "ModuleList" and len(m) == layers and len({type(b) for b in m}) == 1]
+    return lists[0] if len(lists) == 1 else []
 
 
 def layer_class(model: Any) -> type:
     return type(decoder_layers(model, model.config.num_hidden_layers)[0])
 
 
+def causal_class(config: Any) -> type:
+    """The class that from_config builds for the config: the family's causal language model."""
+    from transformers.models.auto import modeling_auto
+    return modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+
+
 def attention(config: Any) -> str:
     """ATTENTION where the family implements it, else transformers' own ("eager"; Bloom and MPT, say)."""
-    from transformers.models.auto import modeling_auto
-    return ATTENTION if getattr(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_supports_sdpa",
-                                False) else "eager"
+    return ATTENTION if getattr(causal_class(config), "_supports_sdpa", False) else "eager"
 
 
 def model_is_tied(model: Any) -> bool:
@@ -309,9 +321,8 @@ def shape_of(config: Any) -> ModelShape:
     blocks = decoder_layers(model, config.num_hidden_layers)
     tensors, attention, d = counted_tensors(model, blocks), parts(blocks[0])[0], config.hidden_size
     # the MLP of the block with the most experts (DeepSeek's first blocks are dense), else the first block's
-    (kv, head), (kind, inner, experts) = heads_of(config, attention), max((mlp_of(parts(b)[1], d) for b in blocks),
-                                                                         key=lambda mlp: mlp[2])
-    norm, vectors = norm_of(model, blocks)
+    kind, inner, experts = max((mlp_of(parts(b)[1], d) for b in blocks), key=lambda mlp: mlp[2])
+    (kv, head), (norm, vectors) = heads_of(config, attention), norm_of(model, blocks)
     bias = any(getattr(m, "bias", None) is not None for b in blocks for m in b.modules()
                if getattr(getattr(m, "weight", None), "dim", lambda: 0)() >= 2)
     return ModelShape(layers=config.num_hidden_layers, heads=config.num_attention_heads, d_model=d,
@@ -366,18 +377,14 @@ def build(config: Any, dtype: Any, zero3_config: dict[str, Any] | None, device: 
 
 def can_checkpoint(config: Any) -> bool:
     """Whether transformers can checkpoint the family's activations (its supports_gradient_checkpointing)."""
-    from transformers.models.auto import modeling_auto
-    return bool(getattr(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "supports_gradient_checkpointing",
-                        False))
+    return bool(getattr(causal_class(config), "supports_gradient_checkpointing", False))
 
 
 def check_checkpointing(config: Any, on: bool, model: str) -> None:
     """A run or a plan with checkpointing on, refused for a family that transformers cannot checkpoint."""
     if on and not can_checkpoint(config):
-        from transformers.models.auto import modeling_auto
-        name = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__
-        raise BadInput(f"--model {model}: transformers cannot checkpoint {name}'s activations "
-                       "(supports_gradient_checkpointing is False): give --no-checkpoint")
+        raise BadInput(f"--model {model}: transformers cannot checkpoint {causal_class(config).__name__}'s "
+                       "activations (supports_gradient_checkpointing is False): give --no-checkpoint")
 
 
 def checkpointing(model: Any, on: bool) -> None:
