@@ -671,7 +671,7 @@ NUMBER_WORDS = dict(enumerate(("No", "One", "Two", "Three", "Four", "Five", "Six
                                "Eleven", "Twelve")))
 
 
-HELD_OUT_SAVED = LOGS + "cpu/hf-heldout/saved-318c08c.txt"
+HELD_OUT_SAVED = LOGS + "cpu/hf-heldout/saved-14f9d49.txt"
 
 
 def held_out_saved() -> tuple:
