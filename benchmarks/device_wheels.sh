@@ -14,8 +14,10 @@ import re, subprocess, sys, zipfile
 from pathlib import Path
 from transformers.models.auto.configuration_auto import model_type_to_module_name
 # every model type that a config or a test names (a family left out fails the suite there: tiny-phimoe in h200/9-suite)
+# (not benchmarks/families.json's 74 families, which only benchmarks/heldout_saved.py reads, on a CPU)
 named = subprocess.run(["git", "grep", "-ohE", r'"model_type": *"\w+"', "--", "*.json", "tests/*.py",
-                        ":!benchmarks/logs"], capture_output=True, text=True, check=True).stdout
+                        ":!benchmarks/logs", ":!benchmarks/families.json"], capture_output=True, text=True,
+                       check=True).stdout
 KEEP = {"auto"} | {model_type_to_module_name(t) for t in re.findall(r'"(\w+)"$', named, re.M)}
 print("transformers' models kept:", " ".join(sorted(KEEP)))
 wheel = Path(sys.argv[1])
@@ -32,8 +34,11 @@ with zipfile.ZipFile(wheel.with_suffix(".slim"), "w", zipfile.ZIP_DEFLATED) as s
 wheel.with_suffix(".slim").replace(wheel)
 PY
 # The image's transformers 5.17.0 and huggingface_hub 1.33.0 ask for these at the same bounds as 5.24.0 and 2.5.0 do
-# (their METADATA), so the image's own copies serve (not its tokenizers 0.23.2: it asks for huggingface_hub<2), and
-# the tree (52 MB of logs by now, 12.6 MB of wheels) stays under 64 MiB
+# (their METADATA), so the image's own copies serve. transformers 5.24.0 asks for huggingface_hub>=1.31 and
+# tokenizers>=0.23.1,<0.24, which the image's 1.33.0 and 0.23.2 meet: huggingface_hub 2.5.0 stays behind with what
+# only it needs (httpx2 and theirs), and so does tokenizers 0.23.3, carried only because the image's 0.23.2 asks for
+# huggingface_hub<2. The tree (52 MB of logs by now, 2,979 files) and the wheels stay under the 64 MiB a call carries
 for image_has in hf_xet regex safetensors pyyaml pygments rich markdown_it_py mdurl typer shellingham click tqdm \
-                 filelock fsspec packaging; do rm -f .whl/$image_has-*.whl; done
+                 filelock fsspec packaging huggingface_hub tokenizers httpx2 httpcore2 h11 truststore anyio idna \
+                 annotated_doc; do rm -f .whl/$image_has-*.whl; done
 du -sh .whl
