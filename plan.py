@@ -24,7 +24,7 @@ from typing import NamedTuple, NoReturn
 from zero3bench.accounting.shapes import DEFAULT_MODEL, PRESETS, ModelShape
 from zero3bench.exits import EXIT
 from zero3bench.formatting import quiet_when_closed
-from zero3bench.options import DEFAULT_SEQ, BadInput
+from zero3bench.options import DEFAULT_SEQ, BadInput, check_seq
 from zero3bench.planning import cluster, folders, output, steptime
 from zero3bench.planning.cluster import SETUPS, Inputs, Model
 from zero3bench.accounting.timing import hfu_per_mfu
@@ -132,9 +132,8 @@ def hf_shape(model: str, seq: int | None, checkpoint: bool = True) -> ModelShape
     config = hf.transformers_config(hf.read_config(path), path)
     hf.check_checkpointing(config, checkpoint, model)
     shape = hf.shape_of(config)
-    if seq is not None and seq > shape.context:  # as options.resolve: the meta device would count it all the same
-        raise BadInput(f"--seq {seq} is outside the {model} model's context of 1..{shape.context} tokens")
     seq = seq or min(shape.context, DEFAULT_SEQ)
+    check_seq(seq, model, shape.context)
     shape = hf.counted_at(config, replace(shape, context=seq), seq, cluster.DTYPE, on_gpu=True)
     absent = missing(shape, cluster.DTYPE, shape.context, True)
     if absent:  # a plan's rows are its peaks

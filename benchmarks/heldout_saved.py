@@ -29,22 +29,25 @@ def configs(families: list[str]) -> dict[str, dict]:
     return {f: tiny_config(f, {}) for f in families} if families else json.loads(FAMILIES.read_text())
 
 
-def outcome(path: Path) -> str:
-    """The config's line: its parameters against the built model's and its count against this CPU's forward."""
+def outcome(path: Path) -> tuple[str, str]:
+    """The config's kind of outcome (refused, not counted, DIFFERENT, or params and saved the same) and its line:
+    its parameters against the built model's and its count against this CPU's forward."""
     import transformers
     try:
         shape, config = inputs.chosen(str(path))
         counted_shape = inputs.counted(str(path), 64, "bf16", False)
     except BadInput as e:
-        return f"refused: {e}"
+        return "refused", f"refused: {e}"
     with hf.quiet():
         built = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
     params = f"params {shape.params:,} {'as built' if built == shape.params else f'DIFFERENT: built {built:,}'}"
     if not counted_shape.saved:
-        return f"{params}; not counted: {counted_shape.not_counted}"
+        return "not counted", f"{params}; not counted: {counted_shape.not_counted}"
     found, counted, kernels = saved_on_this_cpu(str(path))
     fields = {k: getattr(shape, k) for k in ("mlp", "experts", "top_k", "positions", "norm_kind", "dropout")}
-    return (f"{params}; saved {found:,} bytes, counted {counted:,} ({kernels}): "
+    same = found == counted and built == shape.params
+    return ("params and saved the same" if same else "DIFFERENT",
+            f"{params}; saved {found:,} bytes, counted {counted:,} ({kernels}): "
             f"{'the same' if found == counted else 'DIFFERENT'}; parallel {counted_shape.parallel}; {fields}")
 
 
@@ -53,10 +56,8 @@ def main() -> None:
     for family, config in configs(sys.argv[1:]).items():
         path = folder / f"{family}.json"
         path.write_text(json.dumps(config))
-        line = outcome(path)
-        tally[line.split(":")[0] if not line.startswith("params") else
-              "params and saved the same" if line.count("the same") and "DIFFERENT" not in line and "as built" in line
-              else "DIFFERENT" if "DIFFERENT" in line else "not counted"] += 1
+        kind, line = outcome(path)
+        tally[kind] += 1
         print(f"{family}: {line}", flush=True)
     print(", ".join(f"{n} {what}" for what, n in tally.most_common()))
 

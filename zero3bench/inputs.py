@@ -96,14 +96,14 @@ def resolve(args: argparse.Namespace) -> tuple[dict[str, Any], options.Run, np.n
     on_gpu = torch.cuda.is_available()
     model = args.model or (DEFAULT_MODEL if on_gpu else "tiny")
     shape, hf_config = chosen(model)
+    if hf_config is not None:
+        hf.check_checkpointing(hf_config, args.checkpoint, model)
     host = {"on_gpu": on_gpu, "bf16_ok": on_gpu and torch.cuda.is_bf16_supported(),
             "known_optimizer": config_checks.known_optimizer, "fsdp2_missing": fsdp2.missing()}
     world = args.check or int(os.environ["WORLD_SIZE"])
     config, where = config_checks.read_config(args.config), f" {args.config}"
     config, autos = config_checks.from_other_tools(config, shape.d_model, where)
     config, run, how = options.resolve(args, config, model, (shape.context, shape.lr), world, host)
-    if hf_config is not None:
-        hf.check_checkpointing(hf_config, run.checkpoint, model)
     config_checks.refuse_what_the_build_would(config_checks.deepspeed_config(config, run.micro_batch, where), where)
     refused = timeline.refusal(run, on_gpu, torch.__version__)
     if refused:

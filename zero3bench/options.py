@@ -283,6 +283,12 @@ def optimizer(config: dict[str, Any], where: str, known: Callable[[str], bool]) 
     return section
 
 
+def check_seq(seq: int, model: str, context: int) -> None:
+    """A sequence past the model's context, refused: on the meta device its count would succeed all the same."""
+    if seq > context:
+        raise BadInput(f"--seq {seq} is outside the {model} model's context of 1..{context} tokens")
+
+
 def resolve(args: argparse.Namespace, config: dict[str, Any], model: str, preset: tuple[int, float], world: int,
             host: dict[str, Any]) -> tuple[dict[str, Any], Run, str]:
     """Fill in what depends on the config, the machine and the number of ranks, and check every input.
@@ -294,8 +300,7 @@ def resolve(args: argparse.Namespace, config: dict[str, Any], model: str, preset
     args.stage = config_stage(config, args, where)
     context, default_lr = preset
     args.seq = min(context, DEFAULT_SEQ) if args.seq is None else args.seq
-    if args.seq > context:
-        raise BadInput(f"--seq {args.seq} is outside the {args.model} model's context of 1..{context} tokens")
+    check_seq(args.seq, args.model, context)
     batch_source, args.micro_batch = micro_batch(config, args, world, where)
     args.dtype, dtype_source = precision(config, args, host["on_gpu"], host["bf16_ok"], where)
     section = optimizer(config, where, host["known_optimizer"])
