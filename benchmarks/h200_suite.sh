@@ -18,10 +18,11 @@ for group in "$@"; do
             # (tests/test_gpu.py). Under ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests
             # marked gpu, not skips them. Each test's outcome on its own line (-vv over the command's -q), since a
             # cut suite prints no summary of names. PASSED_IN=LOG (a cut run's tests.txt at the same commit): the
-            # tests that passed there are deselected, so that two calls run the whole suite on a host too slow for one
+            # tests that passed there are deselected (their nodeids without the @group that -vv adds under loadgroup), so
+      # that two calls run the whole suite on a host too slow for one, the second launching only its tests' runs
       command=$(grep -m 1 -x 'python3 -m pip install .* tests' README.md)
       if [ -n "${PASSED_IN:-}" ]; then
-        grep -oP '(?<= PASSED )tests/.*?(?= *$)' "$PASSED_IN" | sed 's/^/--deselect=/' > /tmp/passed_before.txt
+        grep -oP '(?<= PASSED )tests/.*?(?= *$)' "$PASSED_IN" | sed -E 's/@[A-Za-z0-9_-]+$//; s/^/--deselect=/' > /tmp/passed_before.txt
         [ -s /tmp/passed_before.txt ] || { echo "PASSED_IN=$PASSED_IN names no passed test (a log of -vv)"; exit 2; }
         echo "tests: $(wc -l < /tmp/passed_before.txt) that passed in $PASSED_IN deselected"
         command="$command @/tmp/passed_before.txt"

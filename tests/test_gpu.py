@@ -182,20 +182,33 @@ SIDE_BY_SIDE = ("gpu_sweep", "gpu_fp16")  # their stage-0 runs peak at about 49 
 SIDE_BY_SIDE_BYTES = 2 * 2 * (24.5 * 2**30 + launches.CONTEXT_BYTES + launches.RESERVE_BYTES)
 
 
+def launches_asked_for(session):
+    """The GPU launches that the session's selected tests use: a rerun of the tests that a cut run left (-k,
+    --deselect) launches only theirs."""
+    return {name for item in session.items for name in item.fixturenames if name in GPU_LAUNCHES}
+
+
+def test_a_rerun_of_some_gpu_tests_launches_only_the_runs_that_they_use():
+    selected = [SimpleNamespace(fixturenames=["gpu_fp16", "tmp_path"]), SimpleNamespace(fixturenames=["gpu_fp16"]),
+                SimpleNamespace(fixturenames=["monkeypatch"])]
+    assert launches_asked_for(SimpleNamespace(items=selected)) == {"gpu_fp16"}
+
+
 @pytest.fixture(scope="module")
-def gpu_launches(tmp_path_factory):
-    """{name: the future of its run_sh_once}, started as the first test marked gpu asks: SIDE_BY_SIDE together where
-    the GPU holds them (SIDE_BY_SIDE_BYTES), else one by one, then gpu_default alone, so that no two fill the GPU's
-    memory at once."""
+def gpu_launches(tmp_path_factory, request):
+    """{name: the future of its run_sh_once}, for each launch asked for, started as the first test marked gpu asks:
+    SIDE_BY_SIDE together where the GPU holds them (SIDE_BY_SIDE_BYTES), else one by one, then gpu_default alone, so
+    that no two fill the GPU's memory at once."""
     tmp_path_factory.getbasetemp()  # made here, once: two threads that make it at once race (FileExistsError)
+    asked = launches_asked_for(request.session)
     launch = functools.partial(run_sh_once, tmp_path_factory, gpus=True)
     pool = ThreadPoolExecutor(max_workers=len(SIDE_BY_SIDE) if gpus_seen()["memory"] >= SIDE_BY_SIDE_BYTES else 1)
-    together = {name: pool.submit(launch, name, *GPU_LAUNCHES[name]) for name in SIDE_BY_SIDE}
+    together = {name: pool.submit(launch, name, *GPU_LAUNCHES[name]) for name in SIDE_BY_SIDE if name in asked}
 
     def alone():
         wait(together.values())
         return launch("gpu_default", *GPU_LAUNCHES["gpu_default"])
-    futures = {**together, "gpu_default": pool.submit(alone)}
+    futures = {**together, **({"gpu_default": pool.submit(alone)} if "gpu_default" in asked else {})}
     pool.shutdown(wait=False)
     return futures
 
