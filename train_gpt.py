@@ -188,7 +188,7 @@ def init_distributed(timeout_s):
         backend = "gloo" if ranks_per_gpu > 1 else "nccl"  # NCCL refuses two ranks on one GPU
     else:
         device, ranks_per_gpu, gpus, backend = torch.device("cpu"), 1, world, "gloo"
-        torch.set_num_threads(max(1, os.cpu_count() // local_size))
+        torch.set_num_threads(max(1, hostpass.host_cores() // local_size))  # a cpuset's or taskset's cores
     comms.count_collectives()
     deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     watch = torch.distributed.new_group(backend="gloo")  # a timed-out group has closed its links to the silent rank

@@ -39,6 +39,24 @@ os.environ.update(CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(filter(Non
 ONE_GPU = {"CUDA_VISIBLE_DEVICES": (AS_LAUNCHED.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]}
 
 
+def worker_cores(worker, workers, cores):
+    """The cores of pytest-xdist's worker number `worker` of `workers`: 2 of them (or all, where there are fewer),
+    in turn, so that each core serves at most 2 workers where there are as many workers as cores (-n auto)."""
+    cores, share = sorted(cores), min(len(cores), max(2, len(cores) // workers))
+    return {cores[(worker * share + i) % len(cores)] for i in range(share)}
+
+
+# torch starts a thread per core that a process may run on, in each worker and in each rank that one launches (and
+# train_gpt.py shares them among its ranks): with a worker per core, 16 workers ran 16 threads each on an H100 host's
+# 16 cores, and the suite took 73 CPU-minutes there (h100/5-suite) against 16 on 2 cores (cpu/ci/grouping-ab-1e400c5).
+# So each worker keeps to its cores, from before torch is imported, and so does all it starts but a launch of a test
+# marked gpu (run, gpus=True)
+ALL_CORES = os.sched_getaffinity(0)
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.sched_setaffinity(0, worker_cores(int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")),
+                                         int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), ALL_CORES))
+
+
 def shared(fixture):
     """A session fixture whose value is made once per test session, also across pytest-xdist's workers: under
     xdist the first worker to ask makes it (under a lock in the workers' common folder) and pickles it there, and
@@ -149,11 +167,15 @@ def run(cmd, env=None, log=None, gpus=False):
     """cmd's process, its output captured; with gpus, as the user would launch it, on one GPU (ONE_GPU)."""
     # a launch that hangs fails its tests after 10 minutes, not CI's 90, and leaves none of its processes behind
     marker = tempfile.mkdtemp(prefix="launch-", dir=LAUNCH_MARKERS)
+    cores_before = os.sched_getaffinity(0)  # this thread's: a process started from it inherits them
     try:
+        if gpus:
+            os.sched_setaffinity(0, ALL_CORES)
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                               env={**({**AS_LAUNCHED, **ONE_GPU} if gpus else os.environ), "ZERO3_TEST_LAUNCH": marker,
                                    **(env or {})})
     finally:
+        os.sched_setaffinity(0, cores_before)
         end_processes(run_processes(marker, "ZERO3_TEST_LAUNCH"))
     if log:
         log.write_text(proc.stdout + proc.stderr)

@@ -20,7 +20,7 @@ from deepspeed.accelerator import real_accelerator
 from zero3bench import launches, options
 from zero3bench.accounting.shapes import PRESETS
 from zero3bench.reporting.verdict import CRITERIA
-from conftest import gpus_seen, run, run_sh_once
+from conftest import ALL_CORES, gpus_seen, run, run_sh_once, worker_cores
 from zero3bench.machine import free_port
 from test_accounting import PEAK_TOLERANCE
 
@@ -159,6 +159,42 @@ def test_every_process_that_the_suite_launches_sees_no_gpu(launcher, tmp_path):
     proc = run(command(str(script)))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert [seen.read_text() for seen in tmp_path.glob("seen*")] == ["''"] * processes
+
+
+# -----------------------------------------------------------------------------
+# the suite's share of the cores: each pytest-xdist worker keeps to its own, and a GPU launch has them all
+
+def test_with_a_worker_per_core_each_worker_has_2_cores_and_each_core_serves_2_workers():
+    shares = [worker_cores(w, 16, range(16)) for w in range(16)]
+    assert {len(share) for share in shares} == {2}
+    assert sorted(core for share in shares for core in share) == sorted(list(range(16)) * 2)
+
+
+def test_with_2_cores_or_fewer_every_worker_has_them_all():
+    assert [worker_cores(w, 2, {4, 7}) for w in range(2)] == [{4, 7}, {4, 7}]
+    assert worker_cores(0, 1, {3}) == {3}
+
+
+def test_with_cores_to_spare_the_workers_share_them_evenly():
+    assert [worker_cores(w, 2, range(8)) for w in range(2)] == [{0, 1, 2, 3}, {4, 5, 6, 7}]
+
+
+def cores_of(proc):
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return set(json.loads(proc.stdout))
+
+
+@pytest.mark.skipif(len(ALL_CORES) < 2, reason="needs 2 cores, to keep a launch to 1 of them")
+def test_a_launch_runs_on_its_workers_cores_and_a_launch_of_a_test_marked_gpu_on_them_all():
+    printed = [sys.executable, "-c", "import json, os; print(json.dumps(sorted(os.sched_getaffinity(0))))"]
+    kept = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(ALL_CORES)})
+    try:
+        assert cores_of(run(printed)) == {min(ALL_CORES)}
+        assert cores_of(run(printed, gpus=True)) == ALL_CORES
+        assert os.sched_getaffinity(0) == {min(ALL_CORES)}  # given back after the launch
+    finally:
+        os.sched_setaffinity(0, kept)
 
 
 # -----------------------------------------------------------------------------
