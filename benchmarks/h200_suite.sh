@@ -31,6 +31,9 @@ for group in "$@"; do
       { nvidia-smi -L; echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS ZERO3BENCH_REQUIRE_GPU=1 PASSED_IN=${PASSED_IN:-}"; echo "\$ $command"
         time env -u RESULTS ZERO3BENCH_REQUIRE_GPU=1 timeout -s INT -k 20 "${SUITE_S:-575}" bash -c "$command"; } > "$out/tests.txt" 2>&1
       echo "tests: exit $?"
+      # a cut suite prints no counts: those of -vv's lines, at the log's end
+      echo "outcomes printed: $(for o in PASSED FAILED ERROR SKIPPED; do echo -n "$(grep -c " $o tests/" "$out/tests.txt") $o "; done)" \
+        >> "$out/tests.txt"
       launched=/tmp/pytest-of-$(id -un)/pytest-current
       tar czf "$out/gpu_launches.tgz" -C "$launched" $(cd "$launched" && find . -maxdepth 2 -type d -name 'gpu_*') ;;
     env)
