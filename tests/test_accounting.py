@@ -531,7 +531,7 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
     43-suite (the test suite's GPU launches) and 44-weights (bf16, fp16 and fp32 on 2 and 4 ranks), and an 80 GB H100's
     h100/1-first-run and 2-sized (the default at 3 and 4 ranks, 760m and 350m on 2 beside a card's worth held),
     3-timeline (the default traced), 4-offload-step (1.3b and 2.7b at world 1, offloaded and not), 5-suite,
-    6-suite and 9-suite (the test suite's GPU launches), 7-families (Gemma 2 2B, GPT-2 XL, Pythia 1.4B, Granite 3.0 2B and
+    6-suite, 9-suite and 10-suite (the test suite's GPU launches), 7-families (Gemma 2 2B, GPT-2 XL, Pythia 1.4B, Granite 3.0 2B and
     Qwen1.5-MoE cut to 2 layers, at world 1) and 8-offload-step (3_offload and 3_infinity at micro batch 2 to 16),
     and another H200's h200/45-suite (the test suite's GPU launches), 46-families (Phi-3 mini's 8 layers offloaded,
     GPT-2 XL and Pythia 1.4B) and 47-offload-step (1.3b at world 1, offloaded and not), run after this test was
@@ -552,7 +552,7 @@ def test_the_predicted_peak_is_within_5_percent_of_every_committed_gpu_run_that_
                                                     "38-step-time2", "39-hf", "40-heldout", "41-hf-rest",
                                                     "42-infinity-rehearsed", "43-suite", "44-weights",
                                                     "1-first-run", "2-sized", "3-timeline", "4-offload-step",
-                                                    "5-suite", "6-suite", "7-families", "8-offload-step", "9-suite",
+                                                    "5-suite", "6-suite", "7-families", "8-offload-step", "9-suite", "10-suite",
                                                     "45-suite", "46-families", "47-offload-step"}
     assert len({c for c in covered if c[0] == "24-peaks"}) == 15  # 3 setups x 2 mb x checkpointing, G 1, 4, 8
     assert ("25-oldest", "tiny", "stage3 G2 mb2 ck1") in covered
