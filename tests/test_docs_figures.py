@@ -71,8 +71,6 @@ FIGURES = [
            r'"report_s": [\d.]+,\s*"total_s": ([\d.]+)', lambda s: (str(round(float(s))),)),
     Figure("Run the tests: {} on 2 CPU cores, {} passed and {} skipped", CPU_CI,
            r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (*minutes_seconds(t), p, s)),
-    Figure("{} s on one H200's 16 cores, {} passed and {} skipped", LOGS + "h200/43-suite/tests.txt",
-           r"^(\d+) passed, (\d+) skipped in ([\d.]+)s", lambda p, s, t: (str(round(float(t))), p, s)),
     # the answer on 2 H200s
     Figure("| DeepSpeed stage 0 | {} GiB | {} GiB | {} |", H200X2 + "/report.txt",
            r"^model states +[\d.]+ GiB +([\d.]+) GiB[\s\S]*^peak memory +[\d.]+ GiB +([\d.]+) GiB"
@@ -105,6 +103,8 @@ FIGURES = [
            lambda torch, ds, cut, failed, passed, errors: (torch, ds, passed, failed, errors, cut)),
     Figure("torch {}, DeepSpeed {}: {} passed, {} failed, cut at {}% at 797c2fd", LOGS + "h100/9-suite/tests.txt", "",
            read=lambda: cut_suite(LOGS + "h100/9-suite/tests.txt")),
+    Figure("the rest at db23841: {} passed, {} failed, mended since", LOGS + "h100/10-suite/tests.txt",
+           r"^outcomes printed: (\d+) PASSED 0 FAILED (\d+) ERROR"),
     # where the memory goes, and offload's plan
     Figure("the default on an {} GB H100 ([log]", LOGS + "h100/3-timeline/default.txt", r"one GPU \(NVIDIA H100 (\d+)GB"),
     Figure("1.3b's `3_offload` at micro batch 8, {} s planned, {} measured on one H100",
