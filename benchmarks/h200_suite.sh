@@ -17,18 +17,24 @@ for group in "$@"; do
             # always its names), so that what ran stays in the log; then the results folders of the GPU launches
             # (tests/test_gpu.py). Under ZERO3BENCH_REQUIRE_GPU=1 a GPU that torch does not see fails the tests
             # marked gpu, not skips them. Each test's outcome on its own line (-vv over the command's -q), since a
-            # cut suite prints no summary of names. PASSED_IN=LOG (a cut run's tests.txt at the same commit): the
-            # tests that passed there are deselected (their nodeids without the @group that -vv adds under loadgroup), so
-      # that two calls run the whole suite on a host too slow for one, the second launching only its tests' runs
+            # cut suite prints no summary of names. PASSED_IN=LOG (a cut run's tests.txt of the same tree, which its
+            # digest of the code and tests shows): the tests that passed there are deselected (their nodeids without
+            # the @group that -vv adds under loadgroup), so that two calls run the whole suite on a host too slow for
+            # one, the second launching only its tests' runs
       command=$(grep -m 1 -x 'python3 -m pip install .* tests' README.md)
+      digest=$(find ./*.py ./*.sh ./*.json ./*.txt zero3bench tests configs -type f -not -path '*/__pycache__/*' -print0 |
+               sort -z | xargs -0 sha1sum | sha1sum | cut -c1-16)
       if [ -n "${PASSED_IN:-}" ]; then
+        grep -qx "tree digest: $digest" "$PASSED_IN" ||
+          { echo "PASSED_IN=$PASSED_IN ran on another tree (not its 'tree digest: $digest'): run the whole suite"; exit 2; }
         grep -oP '(?<= PASSED )tests/.*?(?= *$)' "$PASSED_IN" | sed -E 's/@[A-Za-z0-9_-]+$//; s/^/--deselect=/' > /tmp/passed_before.txt
         [ -s /tmp/passed_before.txt ] || { echo "PASSED_IN=$PASSED_IN names no passed test (a log of -vv)"; exit 2; }
         echo "tests: $(wc -l < /tmp/passed_before.txt) that passed in $PASSED_IN deselected"
         command="$command @/tmp/passed_before.txt"
       fi
       export PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} -vv --durations=30"
-      { nvidia-smi -L; echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS ZERO3BENCH_REQUIRE_GPU=1 PASSED_IN=${PASSED_IN:-}"; echo "\$ $command"
+      { nvidia-smi -L; echo "tree digest: $digest"
+        echo "PYTEST_ADDOPTS=$PYTEST_ADDOPTS ZERO3BENCH_REQUIRE_GPU=1 PASSED_IN=${PASSED_IN:-}"; echo "\$ $command"
         time env -u RESULTS ZERO3BENCH_REQUIRE_GPU=1 timeout -s INT -k 20 "${SUITE_S:-575}" bash -c "$command"; } > "$out/tests.txt" 2>&1
       echo "tests: exit $?"
       # a cut suite prints no counts: those of -vv's lines, at the log's end

@@ -52,9 +52,9 @@ def worker_cores(worker, workers, cores):
 # So each worker keeps to its cores, from before torch is imported, and so does all it starts but a launch of a test
 # marked gpu (run, gpus=True)
 ALL_CORES = os.sched_getaffinity(0)
-if "PYTEST_XDIST_WORKER" in os.environ:
-    os.sched_setaffinity(0, worker_cores(int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")),
-                                         int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), ALL_CORES))
+_worker = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))  # another id (--tx id=...): unpinned
+if _worker:
+    os.sched_setaffinity(0, worker_cores(int(_worker[1]), int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), ALL_CORES))
 
 
 def shared(fixture):

@@ -102,9 +102,9 @@ FIGURES = [
            r"^(\d+) failed, (\d+) passed, \d+ skipped, (\d+) errors",
            lambda torch, ds, cut, failed, passed, errors: (torch, ds, passed, failed, errors, cut)),
     Figure("torch {}, DeepSpeed {}: {} passed, {} failed, cut at {}% at 797c2fd", LOGS + "h100/9-suite/tests.txt", "",
-           read=lambda: cut_suite(LOGS + "h100/9-suite/tests.txt")),
-    Figure("the rest at db23841: {} passed, {} failed, mended since", LOGS + "h100/10-suite/tests.txt",
-           r"^outcomes printed: (\d+) PASSED 0 FAILED (\d+) ERROR"),
+           read=lambda: cut_suite(LOGS + "h100/9-suite/tests.txt", "torch", "deepspeed", "passed", "failed", "cut")),
+    Figure("the rest at db23841, cut at {}%: {} passed, {} failed", LOGS + "h100/10-suite/tests.txt", "",
+           read=lambda: cut_suite(LOGS + "h100/10-suite/tests.txt", "cut", "passed", "failed")),
     # where the memory goes, and offload's plan
     Figure("the default on an {} GB H100 ([log]", LOGS + "h100/3-timeline/default.txt", r"one GPU \(NVIDIA H100 (\d+)GB"),
     Figure("1.3b's `3_offload` at micro batch 8, {} s planned, {} measured on one H100",
@@ -119,14 +119,17 @@ FIGURES = [
            r"stage 3 may hold up to ([\d.]+)x its predicted share", command=True),
 ]
 
-def cut_suite(log: str) -> tuple:
-    """A suite that was cut short, which prints no counts: its torch and DeepSpeed, then its tests that passed and
-    failed, counted from the lines of -vv, and how far it got."""
+def cut_suite(log: str, *asked: str) -> tuple:
+    """What a suite that was cut short says, which prints no counts, as `asked`: its torch and deepspeed, its tests
+    that passed and that failed or erred, counted from the lines of -vv, and the percent it was cut at."""
     text = (ROOT / log).read_text()
-    versions = re.search(r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)", text).groups()
-    outcomes = (len(re.findall(rf"^\[gw\d+\] \[ *\d+%\] {outcome} tests/", text, re.M))
-                for outcome in ("PASSED", "FAILED"))
-    return (*versions, *map(str, outcomes), re.findall(r"\[ *(\d+)%\]", text)[-1])
+    torch_version, ds_version = re.search(r"torch.* \(([\d.]+)\)\n.*deepspeed.* \(([\d.]+)\)", text).groups()
+
+    def printed(*outcomes):
+        return str(sum(len(re.findall(rf"^\[gw\d+\] \[ *\d+%\] {o} tests/", text, re.M)) for o in outcomes))
+    said = dict(torch=torch_version, deepspeed=ds_version, passed=printed("PASSED"), failed=printed("FAILED", "ERROR"),
+                cut=re.findall(r"\[ *(\d+)%\]", text)[-1])
+    return tuple(said[a] for a in asked)
 
 
 def compile_minutes() -> tuple:
