@@ -241,7 +241,10 @@ def failed_stage3(run_sh, tmp_path, log_text):
     ("COMMAND deepspeed --hostfile hosts train_gpt.py\nTraceback (most recent call last):\nRuntimeError: Using hostfile "
      "at hosts but host=node-7 was not reachable via ssh. If you are running with a single node please remove hosts "
      "or setup passwordless ssh.\nENDED 1 1\n", "host=node-7 was not reachable via ssh"),
-], ids=["unwritable extension cache", "launcher error"])
+    ("COMMAND python3 -m torch.distributed.run --nproc_per_node 3 train_gpt.py\n[   3.6s] stage 3, bf16\nW1208 "
+     "00:57:14.081000 3495 torch/distributed/elastic/agent/server/api.py:739] Received 15 death signal, shutting down "
+     "workers\n", "Received 15 death signal"),
+], ids=["unwritable extension cache", "launcher error", "ranks ended by a signal before they said"])
 def test_a_run_without_results_gets_the_line_of_its_log_that_says_why(log_text, why, run_sh, tmp_path, capsys):
     status, out = reported(failed_stage3(run_sh, tmp_path, log_text), capsys)
     assert status == report.EXIT["FAIL"]

@@ -238,7 +238,8 @@ def speed_not_measured(runs: Runs) -> str | None:
 # taken, the launcher's own check of the hosts, a folder it could not write, memory, and then any error.
 CAUSES = [re.compile(pattern) for pattern in (
     r"failed to pass monitoredBarrier", r"EADDRINUSE|[Aa]ddress already in use", r"not reachable via ssh",
-    r"Read-only file system", r"[Oo]ut of memory", r"[Pp]ermission denied", r"\b\w*(Error|Exception)\b: \S")]
+    r"Read-only file system", r"[Oo]ut of memory", r"[Pp]ermission denied", r"\b\w*(Error|Exception)\b: \S",
+    r"Received \d+ death signal")]  # torchrun's, where its ranks were ended before they could say (h100/10-suite)
 
 
 def cause(log: str | Path) -> str | None:
